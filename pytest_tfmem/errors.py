@@ -1,0 +1,30 @@
+"""Exceptions raised by tfmem checks.
+
+They derive from pytest's own ``Failed`` outcome (``pytest.fail.Exception``) with
+``pytrace=False``, so a check failure is reported as the test's failure with a plain
+message instead of a traceback into the plugin, and can be named by
+``pytest.raises(...)`` or ``pytest.mark.xfail(raises=...)``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+class TfmemFailure(pytest.fail.Exception):  # type: ignore[name-defined,misc]
+    """Base class of every memory verdict that fails a test."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, pytrace=False)
+
+
+class BudgetExceeded(TfmemFailure):
+    """A test's peak memory need went over its budget."""
+
+
+# The exception each check's failed verdict raises; feature modules register theirs.
+FAILURE_BY_CHECK: dict[str, type[TfmemFailure]] = {"budget": BudgetExceeded}
+
+
+def failure_for(check: str, message: str) -> TfmemFailure:
+    return FAILURE_BY_CHECK.get(check, TfmemFailure)(message)

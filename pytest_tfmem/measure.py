@@ -1,0 +1,197 @@
+"""Measurement windows over every peak source: ``Monitor`` and the ``Measurement`` it returns.
+
+A window opens by returning freed memory to the OS and resetting each source's peak; it
+closes by reading each source's peak. Windows nest (the per-test window, the ``tfmem``
+fixture's ``measure()``, leak-check iterations): before any reset, the peak seen so far is
+folded into every open window, so an inner reset never hides an outer window's peak.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from .probes import host, tf as tf_probe
+
+
+class PeakSource(Protocol):
+    name: str
+
+    def current(self) -> int: ...
+
+    def peak(self) -> int: ...
+
+    def reset_peak(self) -> None: ...
+
+
+@dataclass
+class _Window:
+    start: int
+    peak: int
+
+
+class PeakTracker:
+    """Open and close nested peak windows on one source."""
+
+    def __init__(self, source: PeakSource) -> None:
+        self.source = source
+        self._open: list[_Window] = []
+
+    def _fold(self) -> None:
+        if self._open:
+            seen = self.source.peak()
+            for window in self._open:
+                window.peak = max(window.peak, seen)
+
+    def open(self) -> _Window:
+        self._fold()
+        self.source.reset_peak()
+        current = self.source.current()
+        window = _Window(start=current, peak=current)
+        self._open.append(window)
+        return window
+
+    def peek(self, window: _Window) -> ViewReading:
+        """The window's reading so far, leaving it open."""
+        self._fold()
+        return ViewReading(self.source.name, window.start, window.peak, self.source.current())
+
+    def close(self, window: _Window) -> ViewReading:
+        reading = self.peek(window)
+        self._open.remove(window)
+        return reading
+
+
+@dataclass(frozen=True)
+class ViewReading:
+    """What one source saw in a window, in bytes: level at start, highest level, level at end."""
+
+    view: str
+    start: int
+    peak: int
+    end: int
+
+    @property
+    def increase(self) -> int:
+        """Peak above the starting level: the memory this window needed from this source."""
+        return max(0, self.peak - self.start)
+
+    @property
+    def net(self) -> int:
+        """Level at the end minus level at the start (what the window kept)."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Immutable record of one window: one ``ViewReading`` per source.
+
+    ``peak`` is the window's peak memory need: the larger of the host RSS increase and the
+    increase of TensorFlow's host (CPU) allocators. The two overlap (TF's CPU memory is
+    part of RSS), so they are not added; the allocator view carries the figure when TF
+    serves a test from memory it pooled earlier, which RSS cannot see.
+    """
+
+    views: tuple[ViewReading, ...]
+    duration_s: float
+    exact: bool = True
+    notes: tuple[str, ...] = ()
+
+    def view(self, name: str) -> ViewReading | None:
+        return next((v for v in self.views if v.view == name), None)
+
+    @property
+    def host(self) -> int:
+        reading = self.view("host")
+        return reading.increase if reading else 0
+
+    @property
+    def tf_host(self) -> int:
+        """Largest increase among TensorFlow's CPU allocators (0 when TF is not in use)."""
+        return max((v.increase for v in self.views if v.view.startswith("tf:CPU")), default=0)
+
+    @property
+    def gpu(self) -> int | None:
+        """Largest increase among TensorFlow's GPU allocators, ``None`` without a GPU view."""
+        gpus = [v.increase for v in self.views if v.view.startswith("tf:GPU")]
+        return max(gpus) if gpus else None
+
+    @property
+    def peak(self) -> int:
+        return max(self.host, self.tf_host)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["peak"] = self.peak
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        return cls(
+            views=tuple(ViewReading(**view) for view in data["views"]),
+            duration_s=data["duration_s"],
+            exact=data.get("exact", True),
+            notes=tuple(data.get("notes", ())),
+        )
+
+
+@dataclass
+class Probes:
+    """The process-wide trackers: host RSS always, TF allocators once TF is loaded."""
+
+    host: PeakTracker = field(default_factory=lambda: PeakTracker(host.HostRSS()))
+    tf_devices: list[PeakTracker] | None = None
+
+    def trackers(self) -> list[PeakTracker]:
+        if self.tf_devices is None:
+            tf = tf_probe.loaded_tensorflow()
+            if tf is not None and tf_probe.runtime_started():
+                self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
+        return [self.host, *(self.tf_devices or [])]
+
+
+_probes: Probes | None = None
+
+
+def probes() -> Probes:
+    global _probes
+    if _probes is None:
+        _probes = Probes()
+    return _probes
+
+
+class Monitor:
+    """Measure a window: ``start()`` ... ``stop() -> Measurement``, or use as a context manager."""
+
+    def __init__(self, *, release_first: bool = True) -> None:
+        self.release_first = release_first
+        self.measurement: Measurement | None = None
+        self._windows: list[tuple[PeakTracker, _Window]] = []
+        self._t0 = 0.0
+
+    def start(self) -> Monitor:
+        if self.release_first:
+            host.release_freed_memory()
+        self._windows = [(tracker, tracker.open()) for tracker in probes().trackers()]
+        self._t0 = time.perf_counter()
+        return self
+
+    def _measurement(self, readings: tuple[ViewReading, ...]) -> Measurement:
+        exact = bool(getattr(probes().host.source, "exact", True))
+        notes = () if exact else ("host peak sampled every 1 ms: the kernel high-water mark is unavailable",)
+        return Measurement(readings, time.perf_counter() - self._t0, exact, notes)
+
+    def snapshot(self) -> Measurement:
+        """The measurement so far, without ending the window."""
+        return self._measurement(tuple(tracker.peek(window) for tracker, window in self._windows))
+
+    def stop(self) -> Measurement:
+        self.measurement = self._measurement(tuple(tracker.close(w) for tracker, w in self._windows))
+        return self.measurement
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

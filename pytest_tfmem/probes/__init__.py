@@ -1,0 +1,1 @@
+"""Sources of memory readings. Probes know nothing about pytest."""
