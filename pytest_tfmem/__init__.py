@@ -1,18 +1,23 @@
 """pytest-tfmem: exact, order-independent memory budgets for TensorFlow/Keras tests."""
 
-from .errors import BudgetExceeded, TfmemFailure
+from .batchsize import BatchSizeReport, BatchTrial, find_max_batch_size
+from .errors import BudgetExceeded, MemoryRegression, TfmemFailure
 from .measure import Measurement, Monitor, ViewReading
 from .units import format_size, parse_size
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSizeReport",
+    "BatchTrial",
     "BudgetExceeded",
     "Measurement",
+    "MemoryRegression",
     "Monitor",
     "TfmemFailure",
     "ViewReading",
     "__version__",
+    "find_max_batch_size",
     "format_size",
     "parse_size",
 ]

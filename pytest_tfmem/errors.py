@@ -22,6 +22,10 @@ class BudgetExceeded(TfmemFailure):
     """A test's peak memory need went over its budget."""
 
 
+class MemoryRegression(TfmemFailure):
+    """A test's peak memory grew beyond tolerance over its baseline."""
+
+
 # The exception each check's failed verdict raises; feature modules register theirs.
 FAILURE_BY_CHECK: dict[str, type[TfmemFailure]] = {"budget": BudgetExceeded}
 

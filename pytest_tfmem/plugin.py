@@ -19,6 +19,8 @@ from .probes import tf as tf_probe
 from .records import TestRecord, record_from_report
 from .report import render_table, summary_rows
 
+# Feature modules, each a pytest plugin of its own (options, markers, hooks).
+pytest_plugins: list[str] = ["pytest_tfmem.gates", "pytest_tfmem.trace"]
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()
@@ -98,6 +100,8 @@ class TfmemManager:
         verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record)
         record.verdicts = [v for v in verdicts if v is not None]
         item.stash[RECORD] = record
+        # On the item, so the call and teardown reports both carry it (JUnit XML reads teardown's)
+        item.user_properties.extend(record.user_properties())
         return record
 
     def fail_if_needed(self, record: TestRecord) -> None:
@@ -132,7 +136,6 @@ class TfmemManager:
         report: pytest.TestReport = yield
         record = item.stash.get(RECORD, None)
         if call.when == "call" and record is not None:
-            report.user_properties.extend(record.user_properties())
             report.sections.append(("tfmem", _section_text(record)))
         return report
 

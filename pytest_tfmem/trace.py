@@ -1,0 +1,286 @@
+"""TensorBoard traces of failing tests: options, marker keyword and the pytest hooks.
+
+``--tfmem-trace=on-failure`` (the default once TensorFlow is loaded) re-runs a failed
+measured test once, in the same process, under TensorFlow's profiler and a memory timeline
+sampler (see ``rerun``), and keeps the result as a TensorBoard log directory (see
+``tracecapture``, ``tracedirs``). Passing tests pay nothing: no profiler runs and nothing is
+written for them. The verdict stays the untraced run's; the traced run's peak is reported
+beside it. ``always`` traces every measured test's own run (the verdict then includes the
+profiler's own memory, and says so); ``off`` disables tracing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import plugin, settings, tracedirs
+from .checks import describe_views
+from .probes import tf as tf_probe
+from .records import PROPERTY, TestRecord
+from .rerun import RerunResult, can_rerun, rerun_test_body
+from .tracecapture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
+from .units import format_size
+
+ON_FAILURE, ALWAYS, OFF = "on-failure", "always", "off"
+MODES = (ON_FAILURE, ALWAYS, OFF)
+DEFAULT_ROOT = ".tfmem/traces"
+WORKER_SESSION_KEY = "tfmem_trace_session"
+SECTION = "tfmem trace"
+PLUGIN_NAME = "tfmem-trace"
+# The trace written for a test, on its item (for features that analyse traces).
+TRACE = pytest.StashKey[dict]()
+
+
+def parse_mode(value: object, what: str) -> str:
+    text = str(value).strip().lower()
+    if isinstance(value, str) and text in MODES:
+        return text
+    raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}")
+
+
+def parse_marker_mode(value: object, what: str) -> str:
+    """The marker also takes ``True`` (``always``) and ``False`` (``off``)."""
+    if isinstance(value, bool):
+        return ALWAYS if value else OFF
+    try:
+        return parse_mode(value, what)
+    except ValueError:
+        raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}, True or False") from None
+
+
+def parse_directory(value: object, what: str) -> Path:
+    text = str(value).strip()
+    if not text or "\0" in text:
+        raise ValueError(f"invalid {what} {value!r}: expected a directory path")
+    return Path(os.path.expanduser(text))
+
+
+TRACE_MODE = settings.Option(
+    "trace",
+    f"{ON_FAILURE}: re-run a failed measured test once under TensorFlow's profiler and keep its "
+    f"trace; {ALWAYS}: trace every measured test; {OFF}. Default {ON_FAILURE} once TensorFlow is loaded",
+    parse_mode,
+)
+TRACE_DIR = settings.Option(
+    "trace_dir", f"where traces go, one folder per session (default {DEFAULT_ROOT} under the rootdir)", parse_directory
+)
+TRACE_KEEP = settings.Option(
+    "trace_keep", "sessions of traces kept in the trace directory; older ones are deleted (default 5)",
+    settings.parse_positive_int, 5,
+)
+TRACE_OPTIONS = [TRACE_MODE, TRACE_DIR, TRACE_KEEP]
+settings.MARKER_KEYWORDS["trace"] = parse_marker_mode
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    mode: str | None  # None: not set, meaning on-failure once TensorFlow is loaded
+    root: Path
+    keep: int
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> TraceSettings:
+        mode, _ = settings.read_option(config, TRACE_MODE)
+        root, _ = settings.read_option(config, TRACE_DIR)
+        keep, _ = settings.read_option(config, TRACE_KEEP)
+        if root is None:
+            root = config.rootpath / DEFAULT_ROOT
+        elif not root.is_absolute():  # a command-line path is relative to where pytest was started
+            from_cli = config.getoption(TRACE_DIR.ini, default=None) is not None
+            root = (config.invocation_params.dir if from_cli else config.rootpath) / root
+        return cls(mode, root, keep)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, TRACE_OPTIONS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TracePlugin(config), PLUGIN_NAME)
+
+
+class TracePlugin:
+    """Decides which tests to trace, captures them, reports where the traces are."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.settings = TraceSettings.from_config(config)
+        workerinput = getattr(config, "workerinput", None)
+        self.is_worker = workerinput is not None
+        if self.is_worker and WORKER_SESSION_KEY in workerinput:
+            self.session_name = workerinput[WORKER_SESSION_KEY]
+        else:
+            self.session_name = tracedirs.session_name(time.time(), os.getpid())
+
+    def mode_for(self, item: pytest.Item) -> str:
+        arguments = item.stash.get(plugin.ARGUMENTS, {})
+        mode = arguments.get("trace", self.settings.mode)
+        if mode is None:
+            return ON_FAILURE if tf_probe.loaded_tensorflow() is not None else OFF
+        return mode
+
+    def _new_directory(self, item: pytest.Item) -> Path | None:
+        """A fresh directory for the item's trace, or ``None`` (with a warning) if none can be made."""
+        details = {"rootdir": str(self.config.rootpath), "pid": os.getpid(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        try:
+            session = tracedirs.prepare_session(self.settings.root, self.session_name, details)
+            return tracedirs.create_unique_dir(session, tracedirs.readable_name(item.nodeid))
+        except OSError as error:
+            item.warn(pytest.PytestWarning(f"pytest-tfmem: no trace for this test: {error}"))
+            return None
+
+    def _shown(self, path: Path) -> str:
+        return tracedirs.display_path(path, self.config.invocation_params.dir)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+        """Outside the measurement: trace the run (``always``) or re-run a failure (``on-failure``)."""
+        if not plugin.manager(self.config).is_measured(pyfuncitem):
+            return (yield)
+        mode = self.mode_for(pyfuncitem)
+        if mode == ALWAYS:
+            return (yield from self._trace_own_run(pyfuncitem))
+        try:
+            return (yield)
+        except BaseException as failure:
+            if mode == ON_FAILURE and _is_failure(failure) and can_rerun(pyfuncitem):
+                self._trace_rerun(pyfuncitem)
+            raise
+
+    def _trace_own_run(self, item: pytest.Function) -> Generator[None, object, object]:
+        directory = self._new_directory(item)
+        if directory is None:
+            return (yield)
+        capture = None
+        try:
+            with capturing(directory) as capture:
+                return (yield)
+        finally:
+            if capture is not None:
+                self._finish(item, capture, None)
+
+    def _trace_rerun(self, item: pytest.Function) -> None:
+        directory = self._new_directory(item)
+        if directory is None:
+            return
+        with capturing(directory) as capture:
+            rerun = rerun_test_body(item)
+        self._finish(item, capture, rerun)
+
+    def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None) -> None:
+        """Write the trace, describe it on the item and its record (which travels to the controller)."""
+        record = item.stash.get(plugin.RECORD, None)
+        verdict_measurement = record.measurement if record is not None else None
+        measurement = rerun.measurement if rerun is not None else verdict_measurement
+        shown = self._shown(capture.directory)
+        info: dict[str, Any] = {
+            "directory": str(capture.directory),
+            "shown_directory": shown,
+            "tensorboard": tensorboard_command(shown),
+            "traced": "rerun" if rerun is not None else "run",
+            "profiler": capture.profiler.status,
+            "profiler_message": capture.profiler.message,
+            "profiler_files": [str(path.relative_to(capture.directory)) for path in capture.profiler.files],
+            "traced_peak_bytes": measurement.peak if measurement is not None else None,
+            "traced_views": describe_views(measurement) if measurement is not None else None,
+            "error": rerun.error if rerun is not None else None,
+            "notes": [],
+        }
+        if measurement is not None:
+            facts = TraceFacts(
+                nodeid=item.nodeid,
+                how=info["traced"],
+                measurement=measurement,
+                verdict_peak=verdict_measurement.peak if rerun is not None and verdict_measurement else None,
+                budget=record.budget if record is not None else None,
+                verdicts=[v.message for v in record.failed_verdicts] if record is not None else [],
+                error=info["error"],
+                output=rerun.output if rerun is not None else "",
+            )
+            try:
+                info["notes"] = write_trace(capture, facts, shown)["notes"]
+            except Exception as error:  # never let a trace hide the test's own result
+                info["notes"] = [f"summary not written: {error!r}"]
+        item.stash[TRACE] = info
+        if record is not None:
+            record.extra["trace"] = info
+            _republish(item, record)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, Any]:
+        report = yield
+        info = item.stash.get(TRACE, None)
+        if call.when == "call" and info is not None:
+            report.sections.append((SECTION, "\n".join(section_lines(info))))
+        return report
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: every worker writes into this session's directory."""
+        node.workerinput[WORKER_SESSION_KEY] = self.session_name
+
+    def pytest_sessionfinish(self) -> None:
+        if self.is_worker or self.settings.mode == OFF:
+            return
+        try:
+            tracedirs.rotate(self.settings.root, self.settings.keep, current=self.session_name)
+        except OSError:  # another session rotating at the same time; the next run tidies up
+            pass
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        traced = [r for r in plugin.manager(self.config).records if "trace" in r.extra]
+        if not traced:
+            return
+        failing = [r for r in traced if r.outcome == "failed"]
+        session = self.settings.root / self.session_name
+        terminalreporter.write_sep("=", f"tfmem: {len(traced)} TensorBoard trace(s), {len(failing)} of failing tests")
+        for record in failing:
+            terminalreporter.write_line(f"{record.nodeid}  {self._shown(Path(record.extra['trace']['directory']))}")
+        terminalreporter.write_line(f"open them: {tensorboard_command(self._shown(session))}")
+
+
+def section_lines(info: dict[str, Any]) -> list[str]:
+    """The report section: how the trace was made, its numbers, and the command to open it."""
+    directory = Path(info["shown_directory"])
+    if info["traced"] == "rerun":
+        lines = ["traced: the test was re-run once under TensorFlow's profiler; the verdict above is the untraced run's"]
+        ending = f"; it raised {_first_line(info['error'])}" if info["error"] else ""
+        lines.append(f"traced re-run: peak {format_size(info['traced_peak_bytes'])} ({info['traced_views']}){ending}")
+    else:
+        lines = ["traced: the test's own run, under TensorFlow's profiler; its figures include the profiler's memory"]
+    profile = f"profile: {info['profiler_message']}"
+    if info["profiler_files"]:
+        profile += f": {', '.join(info['profiler_files'])}"
+    lines.append(profile)
+    lines += [f"note: {note}" for note in info["notes"]]
+    lines.append(f"timeline: {directory / 'timeline.png'} (memory scalars in TensorBoard), summary.json")
+    lines.append(f"trace directory: {directory}")
+    lines.append(f"open it: {info['tensorboard']}")
+    return lines
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _republish(item: pytest.Item, record: TestRecord) -> None:
+    """Refresh the record already attached to the item's properties, now that it has a trace."""
+    fresh = record.user_properties()[0]
+    for index, (name, _) in enumerate(item.user_properties):
+        if name == PROPERTY:
+            item.user_properties[index] = fresh
+
+
+def _is_failure(raised: BaseException) -> bool:
+    """A test failure worth a trace: an error or ``pytest.fail``, not skip/xfail/exit/interrupt."""
+    if isinstance(raised, (pytest.exit.Exception, pytest.xfail.Exception)):
+        return False
+    return isinstance(raised, (Exception, pytest.fail.Exception))

@@ -1,0 +1,175 @@
+"""Watch a child process and its descendants; kill the tree at a hard memory limit.
+
+The watcher samples the tree's resident memory (the child plus every process it started)
+every ``interval_s`` from a thread, while the calling thread waits for the child with
+``os.wait4``, which also returns the kernel's exact peak RSS of the child (``ru_maxrss``).
+When a reading reaches ``kill_at`` the tree is sent SIGKILL at once: a process that
+allocates fast can still overshoot the limit by what it allocates within one interval.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from .probes import system
+from .probes.host import RssSampler
+from .units import format_size
+
+# How often the list of descendants is refreshed; their memory is read at every sample.
+_TREE_REFRESH_S = 0.5
+
+SIGNAL_CAUSES = {
+    signal.SIGKILL: "likely the kernel's OOM killer (out of memory); SIGKILL cannot be caught",
+    signal.SIGSEGV: "segmentation fault: invalid memory access in native code",
+    signal.SIGABRT: "abort: a native library (or an assertion) called abort()",
+    signal.SIGBUS: "bus error: invalid memory access in native code",
+    signal.SIGTERM: "terminated from outside",
+}
+
+
+@dataclass
+class WatchResult:
+    """How the child ended and what its tree's memory did meanwhile (bytes, seconds)."""
+
+    returncode: int
+    kill_at: int | None
+    killed_at_limit: bool  # the watchdog sent the SIGKILL
+    last_rss: int  # process tree RSS at the last sample
+    peak_rss: int  # highest sampled process tree RSS
+    process_maxrss: int  # the child's own peak RSS, exact, from the kernel (ru_maxrss)
+    elapsed_s: float
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    oom_kills: int | None = None  # OOM kills in this cgroup while the child ran, if known
+    available_at_end: int = 0
+
+    @property
+    def signal(self) -> signal.Signals | None:
+        return signal.Signals(-self.returncode) if self.returncode < 0 else None
+
+    def summary_lines(self) -> list[str]:
+        """Readings a failure message shows: last, peak, elapsed, timeline."""
+        lines = [
+            f"process tree RSS: last {format_size(self.last_rss)}, peak {format_size(self.peak_rss)} "
+            f"(sampled); child's exact peak RSS {format_size(self.process_maxrss)}; "
+            f"after {self.elapsed_s:.2f} s",
+        ]
+        if self.timeline:
+            points = ", ".join(f"{t:.2f}s {format_size(rss)}" for t, rss in downsample(self.timeline, 12))
+            lines.append(f"timeline: {points}")
+        return lines
+
+
+def describe_signal(result: WatchResult) -> str:
+    """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``."""
+    sig = result.signal
+    assert sig is not None
+    cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
+    if sig == signal.SIGKILL and result.oom_kills:
+        cause = f"the kernel's OOM killer (this cgroup's oom_kill count rose by {result.oom_kills})"
+    return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
+
+
+def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
+    """At most ``points`` samples, keeping each bucket's highest reading and the last one."""
+    if len(timeline) <= points:
+        return list(timeline)
+    size = -(-len(timeline) // (points - 1))
+    kept = [max(timeline[i : i + size], key=lambda sample: sample[1]) for i in range(0, len(timeline) - 1, size)]
+    return [*kept, timeline[-1]]
+
+
+class Watchdog:
+    """Sample a child's process tree, kill it at ``kill_at``, wait for it to end."""
+
+    def __init__(self, process: subprocess.Popen, kill_at: int | None, interval_s: float = 0.02) -> None:
+        self.process = process
+        self.kill_at = kill_at
+        self.interval_s = interval_s
+        self.killed_at_limit = False
+        self._reader = RssSampler(pid=process.pid)  # reads the child alone; descendants below
+        self._descendants: list[psutil.Process] = []
+        self._last_refresh = float("-inf")
+        self._timeline: list[tuple[float, int]] = []
+        self._done = threading.Event()
+        self._t0 = time.monotonic()
+
+    def _refresh_descendants(self) -> None:
+        try:
+            self._descendants = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        self._last_refresh = time.monotonic()
+
+    def _tree_rss(self) -> int:
+        if time.monotonic() - self._last_refresh >= _TREE_REFRESH_S:
+            self._refresh_descendants()
+        rss = self._reader.read()
+        for process in self._descendants:
+            try:
+                rss += process.memory_info().rss
+            except psutil.Error:
+                pass
+        return rss
+
+    def _kill_tree(self) -> None:
+        self._refresh_descendants()
+        try:  # os.kill, not Popen.send_signal: its poll() would race with wait4 and reap
+            os.kill(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.kill_descendants()
+
+    def kill_descendants(self) -> None:
+        """SIGKILL what the child started (left running when the child died)."""
+        for process in self._descendants:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                rss = self._tree_rss()
+            except psutil.Error:  # the child has exited
+                return
+            self._timeline.append((time.monotonic() - self._t0, rss))
+            if self.kill_at is not None and rss >= self.kill_at and not self.killed_at_limit:
+                self.killed_at_limit = True
+                self._kill_tree()
+                return
+            self._done.wait(self.interval_s)
+
+    def wait(self) -> WatchResult:
+        """Block until the child has ended; reap it and return what was seen."""
+        oom_before = system.oom_kill_count()
+        watcher = threading.Thread(target=self._watch, name="tfmem-watchdog", daemon=True)
+        watcher.start()
+        _, status, usage = os.wait4(self.process.pid, 0)
+        self.process.returncode = os.waitstatus_to_exitcode(status)
+        elapsed = time.monotonic() - self._t0
+        self._done.set()
+        watcher.join()
+        if self.process.returncode < 0:
+            self.kill_descendants()
+        oom_after = system.oom_kill_count()
+        timeline = self._timeline
+        return WatchResult(
+            returncode=self.process.returncode,
+            kill_at=self.kill_at,
+            killed_at_limit=self.killed_at_limit,
+            last_rss=timeline[-1][1] if timeline else 0,
+            peak_rss=max((rss for _, rss in timeline), default=0),
+            process_maxrss=usage.ru_maxrss * 1024,
+            elapsed_s=elapsed,
+            timeline=timeline,
+            oom_kills=None if oom_before is None or oom_after is None else oom_after - oom_before,
+            available_at_end=system.available_memory(),
+        )

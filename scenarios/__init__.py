@@ -1,0 +1,25 @@
+"""The classic TensorFlow/Keras memory failures, each with a problem and a fix variant.
+
+Every scenario module exposes its variants as plain functions with a size parameter, so they
+run outside pytest too; its ``test_*`` module states the plugin's verdict on each variant.
+Sizes are small by default; ``TFMEM_SCENARIO_SCALE=4 pytest scenarios`` makes the
+size-dependent ones four times larger (the problems grow, the fixes stay flat).
+"""
+
+from __future__ import annotations
+
+import os
+
+SCALE_VARIABLE = "TFMEM_SCENARIO_SCALE"
+
+
+def scale() -> float:
+    """The size factor from ``$TFMEM_SCENARIO_SCALE`` (default 1)."""
+    raw = os.environ.get(SCALE_VARIABLE, "1")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 100:
+        raise ValueError(f"invalid {SCALE_VARIABLE} {raw!r}: expected a number above 0 and at most 100, e.g. 1 or 2.5")
+    return value

@@ -1,0 +1,117 @@
+"""Scenario suite glue: the ``scenario``/``variant`` markers and the side-by-side summary table.
+
+Each variant test carries ``@pytest.mark.variant(role, description)`` (role ``problem`` or
+``fix``) in a module marked ``pytestmark = pytest.mark.scenario(name)``. The variant rides on the
+test report (so pytest-xdist's controller sees it too) and is joined with the test's tfmem record
+at the end of the session into one table: per scenario, each variant's peak, its ratio to the
+problem's peak, its leak per iteration where a leak check ran, and the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import scenarios
+from pytest_tfmem.records import TestRecord, record_from_report
+from pytest_tfmem.report import render_table
+from pytest_tfmem.units import format_size
+
+VARIANT_PROPERTY = "tfmem_scenario_variant"
+TABLE_PLUGIN = "tfmem-scenario-table"
+# How a failed check reads in the table's outcome column.
+CHECK_WORDS = {"budget": "over budget", "leak": "leak"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "scenario(name): the scenario a module's tests belong to")
+    config.addinivalue_line("markers", "variant(role, description): a scenario's 'problem' or 'fix' variant")
+    try:
+        scenarios.scale()
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    if not config.pluginmanager.has_plugin(TABLE_PLUGIN):
+        config.pluginmanager.register(ScenarioTable(), TABLE_PLUGIN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    scenario, variant = item.get_closest_marker("scenario"), item.get_closest_marker("variant")
+    if call.when == "call" and scenario is not None and variant is not None:
+        role, description = variant.args
+        data = {"scenario": scenario.args[0], "role": role, "description": description}
+        report.user_properties.append((VARIANT_PROPERTY, json.dumps(data)))
+    return report
+
+
+class ScenarioTable:
+    """Gathers variant results from reports; prints them side by side after pytest-tfmem's table."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[dict[str, str], TestRecord | None, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == VARIANT_PROPERTY:
+                variant = json.loads(value)
+                self.rows.append((variant, record_from_report(report), _outcome(report, variant["role"])))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.rows:
+            return
+        terminalreporter.write_sep("=", "tfmem scenarios: problem vs fix")
+        for line in render_table(self.table()):
+            terminalreporter.write_line(line)
+
+    def table(self) -> list[list[str]]:
+        header = ["scenario / variant", "peak", "vs problem", "leak/iter", "outcome"]
+        rows = [header]
+        by_scenario: dict[str, list[tuple[dict[str, str], TestRecord | None, str]]] = {}
+        for row in self.rows:
+            by_scenario.setdefault(row[0]["scenario"], []).append(row)
+        for scenario in sorted(by_scenario):
+            variants = sorted(by_scenario[scenario], key=lambda row: row[0]["role"] != "problem")
+            reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
+            rows.append([scenario, "", "", "", ""])
+            for variant, record, outcome in variants:
+                peak = _peak(record)
+                ratio = f"{peak / reference:.2f}x" if peak is not None and reference else "-"
+                rows.append([f"  {variant['role']}: {variant['description']}", format_size(peak), ratio,
+                             _leak_per_iteration(record), _explain(outcome, record)])
+        return rows
+
+
+def _peak(record: TestRecord | None) -> int | None:
+    return record.measurement.peak if record is not None and record.measurement is not None else None
+
+
+def _leak_per_iteration(record: TestRecord | None) -> str:
+    leak = record.extra.get("leak") if record is not None else None
+    if not isinstance(leak, dict) or leak.get("growth_per_iteration") is None:
+        return "-"
+    return format_size(leak["growth_per_iteration"], signed=True)
+
+
+def _outcome(report: pytest.TestReport, role: str) -> str:
+    if hasattr(report, "wasxfail"):
+        return "caught"
+    if report.passed:
+        return "passed"
+    if report.skipped:
+        return "skipped"
+    if role == "problem" and "XPASS(strict)" in str(report.longrepr):
+        return "NOT CAUGHT"
+    return "FAILED"
+
+
+def _explain(outcome: str, record: TestRecord | None) -> str:
+    """``caught: over budget`` -- the checks that failed, in words."""
+    failed = [CHECK_WORDS.get(v.check, v.check) for v in record.failed_verdicts] if record is not None else []
+    if outcome in ("caught", "FAILED") and failed:
+        return f"{outcome}: {', '.join(failed)}"
+    return outcome

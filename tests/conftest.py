@@ -1,0 +1,45 @@
+"""Shared helpers for the test suite: run pytest on generated files and read tfmem records."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
+import pytest
+
+from pytest_tfmem.records import PROPERTY, TestRecord, record_from_report
+
+
+def records_from_junit(path) -> dict[str, TestRecord]:
+    """tfmem records by test name, read back from a ``--junitxml`` file."""
+    records = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for prop in case.iter("property"):
+            if prop.get("name") == PROPERTY:
+                record = TestRecord.from_dict(json.loads(prop.get("value")))
+                records[case.get("name")] = record
+    return records
+
+
+def records_from_inline(reprec) -> dict[str, TestRecord]:
+    """tfmem records by test name, from an in-process ``pytester.inline_run``."""
+    records = {}
+    for report in reprec.getreports("pytest_runtest_logreport"):
+        if report.when == "call":
+            record = record_from_report(report)
+            if record is not None:
+                records[report.nodeid.split("::")[-1]] = record
+    return records
+
+
+@pytest.fixture
+def run_subprocess_records(pytester: pytest.Pytester):
+    """Run pytest in a fresh interpreter; return (result, records by test name)."""
+
+    def run(*args: str) -> tuple[pytest.RunResult, dict[str, TestRecord]]:
+        junit = pytester.path / "junit.xml"
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}", *args)
+        return result, records_from_junit(junit)
+
+    return run

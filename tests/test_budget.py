@@ -1,0 +1,203 @@
+"""Budgets: exact spike capture, marker/ini/CLI precedence, exemption, the failure message."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import records_from_inline
+
+SPIKE_TESTS = """
+import time
+import numpy as np
+import pytest
+
+@pytest.mark.parametrize("run", range(20))
+def test_spike(run):
+    block = np.ones(250 * 10**6, dtype=np.uint8)  # 250 MB, touched
+    time.sleep(0.005)
+    del block
+"""
+
+
+def test_a_5ms_spike_of_250MB_fails_a_200MB_budget_in_20_of_20_runs(pytester: pytest.Pytester):
+    pytester.makepyfile(SPIKE_TESTS)
+    result = pytester.runpytest("--tfmem-budget=200MB")
+    result.assert_outcomes(failed=20)
+    result.stdout.fnmatch_lines(["tfmem: peak 238.* MiB > budget 190.7 MiB (host RSS 238.* MiB)"])
+
+
+def test_the_same_spike_passes_a_400MB_budget_in_20_of_20_runs(pytester: pytest.Pytester):
+    pytester.makepyfile(SPIKE_TESTS)
+    reprec = pytester.inline_run("--tfmem-budget=400MB")
+    reprec.assertoutcome(passed=20)
+    peaks = [record.measurement.peak for record in records_from_inline(reprec).values()]
+    assert len(peaks) == 20
+    assert all(245 * 10**6 <= peak <= 270 * 10**6 for peak in peaks), peaks
+
+
+ALLOCATE_300MB = """
+import numpy as np
+import pytest
+
+def allocate():
+    block = np.ones(300 * 10**6, dtype=np.uint8)
+    del block
+
+def test_global():
+    allocate()
+
+@pytest.mark.tfmem(budget="500MB")
+def test_marker_raises_the_budget():
+    allocate()
+
+@pytest.mark.tfmem(budget="100MB")
+def test_marker_lowers_the_budget():
+    allocate()
+
+@pytest.mark.tfmem(budget=None)
+def test_exempt():
+    allocate()
+"""
+
+
+def test_marker_overrides_global_and_none_exempts(pytester: pytest.Pytester):
+    pytester.makepyfile(ALLOCATE_300MB)
+    reprec = pytester.inline_run("--tfmem-budget=200MB")
+    passed, _, failed = reprec.listoutcomes()
+    assert sorted(r.nodeid.split("::")[1] for r in failed) == ["test_global", "test_marker_lowers_the_budget"]
+    assert sorted(r.nodeid.split("::")[1] for r in passed) == ["test_exempt", "test_marker_raises_the_budget"]
+    records = records_from_inline(reprec)
+    assert records["test_exempt"].budget is None
+    assert records["test_marker_raises_the_budget"].budget == 500 * 10**6
+
+
+def test_ini_applies_when_the_option_is_absent(pytester: pytest.Pytester):
+    pytester.makepyfile(ALLOCATE_300MB)
+    pytester.makeini("[pytest]\ntfmem_budget = 200MB\n")
+    result = pytester.runpytest("-k", "test_global")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peak * > budget 190.7 MiB*"])
+
+
+def test_pyproject_ini_and_the_command_line_wins(pytester: pytest.Pytester):
+    pytester.makepyfile(ALLOCATE_300MB)
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\ntfmem_budget = "200MB"\n')
+    pytester.runpytest("-k", "test_global").assert_outcomes(failed=1)
+    pytester.runpytest("-k", "test_global", "--tfmem-budget=1GB").assert_outcomes(passed=1)
+
+
+def test_budget_failure_can_be_named_by_xfail_and_raises(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+        import pytest
+        from pytest_tfmem import BudgetExceeded
+
+        @pytest.mark.xfail(strict=True, raises=BudgetExceeded)
+        @pytest.mark.tfmem(budget="50MB")
+        def test_problem_is_caught():
+            np.ones(100 * 10**6, dtype=np.uint8)
+
+        @pytest.mark.xfail(strict=True, raises=BudgetExceeded)
+        @pytest.mark.tfmem(budget="500MB")
+        def test_problem_no_longer_caught():
+            np.ones(100 * 10**6, dtype=np.uint8)
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(xfailed=1, failed=1)
+    result.stdout.fnmatch_lines(["*XPASS(strict)*"])
+
+
+def test_an_inner_measure_window_does_not_hide_the_tests_peak(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+
+        def test_nested(tfmem):
+            big = np.ones(300 * 10**6, dtype=np.uint8)
+            del big
+            with tfmem.measure() as m:
+                small = np.ones(20 * 10**6, dtype=np.uint8)
+                del small
+            assert 19 * 10**6 < m.peak < 40 * 10**6
+            assert tfmem.peak() > 290 * 10**6
+        """
+    )
+    result = pytester.runpytest("--tfmem-budget=200MB")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peak 28*.* MiB > budget 190.7 MiB*"])
+
+
+def test_a_failing_test_keeps_its_own_error_and_gets_the_numbers(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+
+        def test_broken():
+            block = np.ones(300 * 10**6, dtype=np.uint8)
+            assert block.sum() == 0, "wrong sum"
+        """
+    )
+    result = pytester.runpytest("--tfmem-budget=100MB")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError: wrong sum*", "*- tfmem -*", "*test_broken*28*.* MiB*"])
+    result.stdout.no_fnmatch_line("*BudgetExceeded*")
+
+
+def test_inert_without_options_markers_or_fixture(pytester: pytest.Pytester):
+    pytester.makepyfile("def test_plain():\n    assert True\n")
+    reprec = pytester.inline_run()
+    reprec.assertoutcome(passed=1)
+    assert records_from_inline(reprec) == {}
+    result = pytester.runpytest()
+    result.stdout.no_fnmatch_line("*tfmem:*")
+    result.stdout.no_fnmatch_line("*peak memory need*")
+
+
+def test_summary_table_lists_heaviest_first(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+        def test_light():
+            np.ones(30 * 10**6, dtype=np.uint8)
+        def test_heavy():
+            np.ones(120 * 10**6, dtype=np.uint8)
+        """
+    )
+    result = pytester.runpytest("--tfmem-budget=1GiB")
+    result.stdout.fnmatch_lines(
+        [
+            "*tfmem: peak memory need per test (heaviest first)*",
+            "test * peak * host RSS * budget * use * result",
+            "*test_heavy * 11*.* MiB * 1.0 GiB * 1*% * passed",
+            "*test_light * 2*.* MiB * 1.0 GiB * 3% * passed",
+        ]
+    )
+
+
+def test_fixture_measure_current_and_clean(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+
+        def test_fixture(tfmem):
+            with tfmem.measure() as m:
+                block = np.ones(100 * 10**6, dtype=np.uint8)
+                del block
+            assert 95 * 10**6 <= m.peak <= 110 * 10**6
+            assert m.host == m.peak
+            # 100 MB of small arrays, each followed by a small survivor
+            pairs = [(np.ones(10**5, dtype=np.uint8), bytearray(64)) for _ in range(1000)]
+            assert tfmem.current() > 90 * 10**6
+            survivors = [small for _, small in pairs]
+            del pairs
+            before = tfmem.current()
+            report = tfmem.clean()
+            after = tfmem.current()
+            assert after < 20 * 10**6  # the freed arrays are no longer resident
+            assert abs(report.freed - (before - after)) < 2 * 10**6, (report, before, after)
+            assert "malloc_trim(0)" in str(report) and "freed" in str(report)
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)

@@ -1,0 +1,63 @@
+"""A test measures the same alone and after a heavier test (numpy heap and TF allocator traps)."""
+
+from __future__ import annotations
+
+import pytest
+
+NUMPY_TESTS = """
+import numpy as np
+
+def allocate_small_arrays(total_bytes):
+    # 100 KB arrays live on glibc's heap: freed, they stay in its arenas unless trimmed
+    arrays = [np.ones(10**5, dtype=np.uint8) for _ in range(total_bytes // 10**5)]
+    del arrays
+
+def test_heavier():
+    allocate_small_arrays(800 * 10**6)
+
+def test_numpy_heavy():
+    allocate_small_arrays(400 * 10**6)
+"""
+
+TF_TESTS = """
+import tensorflow as tf
+
+def test_heavier():
+    tensors = [tf.ones((2_500_000,)) for _ in range(80)]  # 800 MB of float32 tensors
+    del tensors
+
+def test_tf_heavy():
+    tensors = [tf.ones((2_500_000,)) for _ in range(40)]  # 400 MB
+    del tensors
+"""
+
+
+def agree(alone: int, after: int) -> bool:
+    return abs(alone - after) <= max(0.10 * alone, 16 * 2**20)
+
+
+@pytest.mark.parametrize(
+    ("source", "test_name", "expected"),
+    [(NUMPY_TESTS, "test_numpy_heavy", 400 * 10**6), (TF_TESTS, "test_tf_heavy", 400 * 10**6)],
+    ids=["numpy", "tensorflow"],
+)
+def test_alone_and_after_a_heavier_test_agree(pytester, run_subprocess_records, source, test_name, expected):
+    pytester.makepyfile(source)
+    _, alone = run_subprocess_records("--tfmem-budget=4GB", "-k", test_name)
+    result, after = run_subprocess_records("--tfmem-budget=4GB")
+    result.assert_outcomes(passed=2)
+    peak_alone = alone[test_name].measurement.peak
+    peak_after = after[test_name].measurement.peak
+    assert after["test_heavier"].measurement.peak > peak_after  # the heavier one really was heavier
+    assert agree(peak_alone, peak_after), (peak_alone, peak_after)
+    assert 0.9 * expected <= peak_alone <= 1.2 * expected, peak_alone
+
+
+def test_tensorflow_view_carries_the_figure_when_rss_cannot_see_it(pytester, run_subprocess_records):
+    """After a heavier TF test, TF serves the tensors from its pool: RSS barely moves."""
+    pytester.makepyfile(TF_TESTS)
+    _, records = run_subprocess_records("--tfmem-budget=4GB")
+    measurement = records["test_tf_heavy"].measurement
+    assert measurement.host < 50 * 2**20
+    assert measurement.view("tf:CPU:0").increase > 380 * 10**6
+    assert measurement.peak == measurement.tf_host
