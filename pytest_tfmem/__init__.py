@@ -1,7 +1,7 @@
 """pytest-tfmem: exact, order-independent memory budgets for TensorFlow/Keras tests."""
 
 from .batchsize import BatchSizeReport, BatchTrial, find_max_batch_size
-from .errors import BudgetExceeded, MemoryRegression, TfmemFailure
+from .errors import BudgetExceeded, DeviceOutOfMemory, GpuBudgetExceeded, MemoryRegression, TfmemFailure
 from .measure import Measurement, Monitor, ViewReading
 from .units import format_size, parse_size
 
@@ -11,6 +11,8 @@ __all__ = [
     "BatchSizeReport",
     "BatchTrial",
     "BudgetExceeded",
+    "DeviceOutOfMemory",
+    "GpuBudgetExceeded",
     "Measurement",
     "MemoryRegression",
     "Monitor",

@@ -22,6 +22,8 @@ def describe_views(measurement: Measurement) -> str:
     parts = []
     for view in measurement.views:
         label = "host RSS" if view.view == "host" else f"TF {view.view[3:]} allocator"
+        if view.view.startswith("nvml:"):  # NVML: this process's memory on a GPU
+            label = f"GPU {view.view[5:]} (NVML)"
         parts.append(f"{label} {format_size(view.increase)}")
     return ", ".join(parts)
 

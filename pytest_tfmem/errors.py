@@ -26,6 +26,17 @@ class MemoryRegression(TfmemFailure):
     """A test's peak memory grew beyond tolerance over its baseline."""
 
 
+class GpuBudgetExceeded(TfmemFailure):
+    """A test's peak GPU memory need went over its GPU budget."""
+
+
+class DeviceOutOfMemory(TfmemFailure):
+    """TensorFlow ran out of memory (``ResourceExhaustedError``) in a measured test.
+
+    The TensorFlow error is the ``__cause__``.
+    """
+
+
 # The exception each check's failed verdict raises; feature modules register theirs.
 FAILURE_BY_CHECK: dict[str, type[TfmemFailure]] = {"budget": BudgetExceeded}
 

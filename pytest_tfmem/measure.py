@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .probes import host, tf as tf_probe
 
@@ -60,6 +60,17 @@ class PeakTracker:
     def close(self, window: _Window) -> ViewReading:
         reading = self.peek(window)
         self._open.remove(window)
+        return reading
+
+    def restart(self, window: _Window) -> ViewReading:
+        """Fold and reset: the window's reading so far, then the window starts over from the
+        current level. One fold and one reset, where ``close`` + ``open`` do two of each: the
+        line tracer restarts a window at every line."""
+        self._fold()
+        self.source.reset_peak()
+        current = self.source.current()
+        reading = ViewReading(self.source.name, window.start, max(window.peak, current), current)
+        window.start = window.peak = current
         return reading
 
 
@@ -148,8 +159,13 @@ class Probes:
             tf = tf_probe.loaded_tensorflow()
             if tf is not None and tf_probe.runtime_started():
                 self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
-        return [self.host, *(self.tf_devices or [])]
+        return [self.host, *(self.tf_devices or []), *(t for provide in TRACKER_PROVIDERS for t in provide())]
 
+
+# More trackers for every window, from feature plugins (e.g. NVML's per-GPU views). A provider
+# returns the same trackers at every call, so nested windows fold correctly. Their views are
+# reported beside the others; ``Measurement.peak`` reads only host and ``tf:CPU`` views.
+TRACKER_PROVIDERS: list[Callable[[], list[PeakTracker]]] = []
 
 _probes: Probes | None = None
 

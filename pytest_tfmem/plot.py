@@ -35,7 +35,7 @@ def plot_peaks(
         (r for r in records if r.measurement is not None), key=lambda r: r.measurement.peak, reverse=True  # type: ignore[union-attr]
     )[:top]
     measured.reverse()  # heaviest at the top of the chart
-    figure = Figure(figsize=(10, 1.5 + 0.4 * max(len(measured), 1)), dpi=100)
+    figure = Figure(figsize=(10, 2 + 0.4 * max(len(measured), 1)), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     positions = range(len(measured))
@@ -51,7 +51,7 @@ def plot_peaks(
     axes.set_yticks(list(positions), [_short(r.nodeid) for r in measured], fontsize=8)
     axes.set_xlabel("peak memory need (MiB)")
     axes.set_title(title)
-    axes.legend(
+    figure.legend(
         handles=[
             Patch(color=_PASSED, label="peak"),
             Patch(color=_REGRESSED, label="beyond tolerance of baseline"),
@@ -59,10 +59,10 @@ def plot_peaks(
             Line2D([], [], color="black", lw=2, label="baseline"),
             Line2D([], [], color="grey", lw=2, ls="--", label="budget"),
         ],
-        loc="lower right",
+        loc="outside lower center",
+        ncols=5,
         fontsize=8,
     )
-    figure.tight_layout()
     figure.savefig(path, format="png")
     return len(measured)
 

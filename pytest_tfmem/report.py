@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .measure import Measurement
 from .records import TestRecord
 from .units import format_size
 
@@ -14,11 +15,17 @@ def _use(record: TestRecord) -> str:
     return f"{100 * record.measurement.peak / record.budget:.0f}%"
 
 
+def _nvml(measurement: Measurement) -> str:
+    """This process's largest GPU memory increase as NVML read it (see ``gpu.py``)."""
+    return format_size(max((v.increase for v in measurement.views if v.view.startswith("nvml:")), default=None))
+
+
 def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
     """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use, result."""
     measured = [r for r in records if r.measurement is not None]
     measured.sort(key=lambda r: r.measurement.peak, reverse=True)  # type: ignore[union-attr]
-    rows = [["test", "peak", "host RSS", "TF CPU", "TF GPU", "budget", "use", "result"]]
+    with_nvml = any(v.view.startswith("nvml:") for r in measured for v in r.measurement.views)  # type: ignore[union-attr]
+    rows = [["test", "peak", "host RSS", "TF CPU", "TF GPU", *(["NVML GPU"] if with_nvml else []), "budget", "use", "result"]]
     for record in measured[:top]:
         m = record.measurement
         assert m is not None
@@ -30,6 +37,7 @@ def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
                 format_size(m.host),
                 format_size(m.tf_host) if has_tf else "-",
                 format_size(m.gpu),
+                *([_nvml(m)] if with_nvml else []),
                 format_size(record.budget),
                 _use(record),
                 "over budget" if any(v.check == "budget" for v in record.failed_verdicts) else (record.outcome or ""),

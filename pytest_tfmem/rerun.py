@@ -17,6 +17,8 @@ A test whose body must not run twice opts out with ``@pytest.mark.tfmem(trace="o
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -31,7 +33,13 @@ class RerunResult:
 
     measurement: Measurement
     error: str | None
-    output: str
+
+
+@dataclass
+class RerunOutput:
+    """What the second run (and tools around it) printed, read when the ``with`` block ends."""
+
+    text: str = ""
 
 
 def can_rerun(item: pytest.Item) -> bool:
@@ -50,15 +58,26 @@ def _read_captured(item: pytest.Item) -> tuple[str, str]:
     return out, err
 
 
-def rerun_test_body(item: pytest.Function) -> RerunResult:
-    """Call the test function again with its fixture values, measured by a fresh ``Monitor``.
+@contextmanager
+def separate_output(item: pytest.Item) -> Iterator[RerunOutput]:
+    """Keep what the block prints out of the test's captured output.
 
-    The first run's captured output is filed as the test's ``call`` output first, so the
-    second run's output (returned as ``output``) does not mix with it.
+    On entry the first run's captured output is filed as the test's ``call`` output; on exit
+    what was printed since is read into the yielded ``RerunOutput`` instead.
     """
     out, err = _read_captured(item)
     item.add_report_section("call", "stdout", out)
     item.add_report_section("call", "stderr", err)
+    output = RerunOutput()
+    try:
+        yield output
+    finally:
+        out, err = _read_captured(item)
+        output.text = "".join(part for part in (out and f"--- stdout ---\n{out}", err and f"--- stderr ---\n{err}") if part)
+
+
+def rerun_test_body(item: pytest.Function) -> RerunResult:
+    """Call the test function again with its fixture values, measured by a fresh ``Monitor``."""
     arguments = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
     monitor = Monitor()
     item.stash[plugin.MONITOR] = monitor  # ``tfmem.peak()`` works in the second run too
@@ -74,6 +93,4 @@ def rerun_test_body(item: pytest.Function) -> RerunResult:
     finally:
         measurement = monitor.stop()
         del item.stash[plugin.MONITOR]
-    out, err = _read_captured(item)
-    output = "".join(part for part in (out and f"--- stdout ---\n{out}", err and f"--- stderr ---\n{err}") if part)
-    return RerunResult(measurement, error, output)
+    return RerunResult(measurement, error)

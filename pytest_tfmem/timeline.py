@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -56,6 +57,21 @@ class Timeline:
     wall_times: list[float] = field(default_factory=list)
     values: dict[str, list[int]] = field(default_factory=dict)
     interval_s: float = INTERVAL_S
+
+    def window(self, duration_s: float, starts: dict[str, int]) -> Timeline:
+        """The last ``duration_s`` seconds (the measured window, which ended at the last sample),
+        re-timed to start at 0 with the window's exact starting levels as the first point."""
+        if not self.times:
+            return self
+        begin = self.times[-1] - duration_s
+        kept = [i for i, t in enumerate(self.times) if t > begin]
+        window = Timeline(list(self.views), interval_s=self.interval_s)
+        window.times = [0.0] + [self.times[i] - begin for i in kept]
+        window.wall_times = [self.wall_times[-1] - duration_s] + [self.wall_times[i] for i in kept]
+        window.values = {
+            v: [starts[v] if v in starts else self.values[v][-1]] + [self.values[v][i] for i in kept] for v in self.views
+        }
+        return window
 
     def above(self, view: str, start: int) -> list[float]:
         """The view's samples in MiB above ``start``."""
@@ -105,11 +121,53 @@ class TimelineSampler:
         return self.timeline
 
 
+class ScalarEventFile:
+    """A TensorBoard event file of scalars, written with TensorBoard's own record format and
+    protos. (``tensorboard.summary.Writer`` would import TensorFlow to open the file, which a
+    process that never loaded it should not pay for.) Written under a temporary name and
+    renamed when complete, so TensorBoard never reads half a file."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.plugins.scalar import metadata
+        from tensorboard.summary.writer.record_writer import RecordWriter
+        from tensorboard.util import tensor_util
+
+        self._event_pb2, self._summary_pb2, self._metadata, self._tensor_util = event_pb2, summary_pb2, metadata, tensor_util
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.tfmem"
+        self.path = logdir / name
+        self._temporary = logdir / f".{name}.partial".replace("tfevents", "events")
+        self._file = open(self._temporary, "wb")
+        self._records = RecordWriter(self._file)
+        self._described: set[str] = set()
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+    def _write(self, event: object) -> None:
+        self._records.write(event.SerializeToString())  # type: ignore[attr-defined]
+
+    def add_scalar(self, tag: str, value: float, step: int, wall_time: float, description: str) -> None:
+        summary_metadata = self._metadata.create_summary_metadata(display_name="", description="")
+        if tag not in self._described:  # metadata once per tag, as TensorBoard's writers do
+            self._described.add(tag)
+            summary_metadata.summary_description = description
+        summary_metadata.data_class = self._summary_pb2.DataClass.DATA_CLASS_SCALAR
+        event = self._event_pb2.Event(wall_time=wall_time, step=step)
+        event.summary.value.add(tag=tag, tensor=self._tensor_util.make_tensor_proto(float(value)), metadata=summary_metadata)
+        self._write(event)
+
+    def close(self) -> None:
+        self._records.close()
+        os.replace(self._temporary, self.path)
+
+    def discard(self) -> None:
+        self._records.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._temporary)
+
+
 def write_scalars(logdir: Path, timeline: Timeline, starts: dict[str, int], budget: int | None) -> list[str]:
     """Write the timeline as TensorBoard scalars into ``logdir``; return the tags written."""
-    from tensorboard.summary import Writer  # imported only when a trace is written
-
-    writer = Writer(str(logdir))
+    events = ScalarEventFile(logdir)
     tags = []
     try:
         for view in timeline.views:
@@ -117,16 +175,17 @@ def write_scalars(logdir: Path, timeline: Timeline, starts: dict[str, int], budg
             tags.append(tag)
             description = f"{view_label(view)}, MiB above the level at the start of the test"
             for elapsed, wall_time, value in zip(timeline.times, timeline.wall_times, timeline.above(view, starts[view])):
-                writer.add_scalar(tag, value, round(elapsed * 1000), wall_time=wall_time, description=description)
+                events.add_scalar(tag, value, round(elapsed * 1000), wall_time, description)
         if budget is not None and timeline.times:
             tag = SCALAR_PREFIX + "budget_mib"
             tags.append(tag)
-            for elapsed, wall_time in ((timeline.times[0], timeline.wall_times[0]), (timeline.times[-1], timeline.wall_times[-1])):
-                writer.add_scalar(tag, budget / MIB, round(elapsed * 1000), wall_time=wall_time,
-                                  description="the test's memory budget, MiB")
-        writer.flush()
-    finally:
-        writer.close()
+            for index in (0, -1):
+                events.add_scalar(tag, budget / MIB, round(timeline.times[index] * 1000), timeline.wall_times[index],
+                                  "the test's memory budget, MiB")
+    except BaseException:
+        events.discard()
+        raise
+    events.close()
     return tags
 
 

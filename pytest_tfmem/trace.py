@@ -24,7 +24,7 @@ from . import plugin, settings, tracedirs
 from .checks import describe_views
 from .probes import tf as tf_probe
 from .records import PROPERTY, TestRecord
-from .rerun import RerunResult, can_rerun, rerun_test_body
+from .rerun import RerunResult, can_rerun, rerun_test_body, separate_output
 from .tracecapture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
 from .units import format_size
 
@@ -150,7 +150,7 @@ class TracePlugin:
         try:
             return (yield)
         except BaseException as failure:
-            if mode == ON_FAILURE and _is_failure(failure) and can_rerun(pyfuncitem):
+            if mode == ON_FAILURE and _unexpected_failure(pyfuncitem, failure) and can_rerun(pyfuncitem):
                 self._trace_rerun(pyfuncitem)
             raise
 
@@ -170,11 +170,11 @@ class TracePlugin:
         directory = self._new_directory(item)
         if directory is None:
             return
-        with capturing(directory) as capture:
+        with separate_output(item) as output, capturing(directory) as capture:
             rerun = rerun_test_body(item)
-        self._finish(item, capture, rerun)
+        self._finish(item, capture, rerun, output.text)
 
-    def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None) -> None:
+    def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None, output: str = "") -> None:
         """Write the trace, describe it on the item and its record (which travels to the controller)."""
         record = item.stash.get(plugin.RECORD, None)
         verdict_measurement = record.measurement if record is not None else None
@@ -202,10 +202,10 @@ class TracePlugin:
                 budget=record.budget if record is not None else None,
                 verdicts=[v.message for v in record.failed_verdicts] if record is not None else [],
                 error=info["error"],
-                output=rerun.output if rerun is not None else "",
+                output=output,
             )
             try:
-                info["notes"] = write_trace(capture, facts, shown)["notes"]
+                info["notes"] = write_trace(capture, facts)["notes"]
             except Exception as error:  # never let a trace hide the test's own result
                 info["notes"] = [f"summary not written: {error!r}"]
         item.stash[TRACE] = info
@@ -279,8 +279,9 @@ def _republish(item: pytest.Item, record: TestRecord) -> None:
             item.user_properties[index] = fresh
 
 
-def _is_failure(raised: BaseException) -> bool:
-    """A test failure worth a trace: an error or ``pytest.fail``, not skip/xfail/exit/interrupt."""
+def _unexpected_failure(item: pytest.Item, raised: BaseException) -> bool:
+    """A failure worth a trace: an error or ``pytest.fail``, not skip/xfail/exit/interrupt,
+    in a test not marked ``xfail`` (an expected failure is not re-run; trace it with ``always``)."""
     if isinstance(raised, (pytest.exit.Exception, pytest.xfail.Exception)):
         return False
-    return isinstance(raised, (Exception, pytest.fail.Exception))
+    return isinstance(raised, (Exception, pytest.fail.Exception)) and item.get_closest_marker("xfail") is None

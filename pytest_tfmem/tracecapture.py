@@ -87,15 +87,14 @@ class TraceFacts:
     notes: list[str] = field(default_factory=list)
 
 
-def write_trace(capture: Capture, facts: TraceFacts, shown_directory: str) -> dict[str, Any]:
+def write_trace(capture: Capture, facts: TraceFacts) -> dict[str, Any]:
     """Write scalars, PNG, output and ``summary.json`` into the capture's directory; the summary."""
     directory = capture.directory
-    timeline = capture.timeline
-    assert timeline is not None
+    assert capture.timeline is not None
     starts = {reading.view: reading.start for reading in facts.measurement.views}
+    timeline = capture.timeline.window(facts.measurement.duration_s, starts)
     for view in timeline.views:
-        if view not in starts and timeline.values[view]:
-            starts[view] = timeline.values[view][0]
+        starts.setdefault(view, timeline.values[view][0])
     notes = list(facts.notes)
     tags: list[str] = []
     try:
@@ -142,7 +141,7 @@ def write_trace(capture: Capture, facts: TraceFacts, shown_directory: str) -> di
         },
         "output": OUTPUT if facts.output else None,
         "notes": notes,
-        "tensorboard": tensorboard_command(shown_directory),
+        "tensorboard": tensorboard_command(str(directory)),
     }
     write_text_atomic(directory / SUMMARY, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary

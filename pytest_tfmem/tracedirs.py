@@ -4,7 +4,7 @@ Layout under the trace root (``.tfmem/traces`` by default)::
 
     .tfmem/traces/
       .gitignore                                  # "*": traces are not for version control
-      2025-01-31_14-05-09_4242/                   # one pytest session (start time, pid)
+      2025-01-31_14-05-09.250_4242/               # one pytest session (start time, pid)
         tfmem-session.json                        # marks the folder as ours (rotation)
         tests.test_train.py__test_fit[adam-64]/   # one traced test, a TensorBoard run
 
@@ -69,8 +69,9 @@ def create_unique_dir(parent: Path, name: str) -> Path:
 
 
 def session_name(started: float, pid: int) -> str:
-    """``2025-01-31_14-05-09_4242``: sorts by start time, unique per process."""
-    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started)) + f"_{pid}"
+    """``2025-01-31_14-05-09.250_4242``: sorts by start time, unique per process and session."""
+    milliseconds = int(started * 1000) % 1000
+    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started)) + f".{milliseconds:03d}_{pid}"
 
 
 def prepare_root(root: Path) -> None:

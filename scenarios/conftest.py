@@ -35,6 +35,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(ScenarioTable(), TABLE_PLUGIN)
 
 
+@pytest.fixture(scope="session")
+def keras_warmed_up() -> None:
+    """Keras's one-time costs paid before any scenario is measured (set-up is not charged)."""
+    from .warmup import warm_up_keras
+
+    warm_up_keras()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     report: pytest.TestReport = yield

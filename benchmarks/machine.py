@@ -1,0 +1,50 @@
+"""Where and with what a benchmark ran: machine, load, and the versions of every contender."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from importlib import metadata
+
+import psutil
+
+from pytest_tfmem.units import format_size
+
+DISTRIBUTIONS = ("tensorflow", "keras", "numpy", "pytest", "pytest-tfmem", "pytest-memray", "memray", "memory-profiler")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def description() -> str:
+    memory = format_size(psutil.virtual_memory().total)
+    return f"{os.cpu_count()} cores ({cpu_model()}), {memory} RAM, {platform.system()} {platform.release()}"
+
+
+def versions() -> str:
+    found = [f"python {platform.python_version()}"]
+    for name in DISTRIBUTIONS:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ", ".join(found)
+
+
+def header_lines(
+    day: datetime.date, seconds: float, load_before: tuple[float, ...], load_after: tuple[float, ...]
+) -> list[str]:
+    return [
+        f"Run on {day.isoformat()}, {description()}; took {seconds / 60:.1f} min.",
+        f"Load average (1 min) {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end.",
+        f"Versions: {versions()}.",
+    ]

@@ -1,0 +1,309 @@
+"""GPU and device memory: GPU budgets, TensorFlow's GPU set-up, NVML views, OOM as a failure.
+
+- ``--tfmem-gpu-budget`` / ``tfmem(gpu_budget=...)``: a test's peak GPU memory need, read
+  from TensorFlow's GPU allocators (``tf:GPU:N`` views) or, without them (PyTorch, CuPy),
+  from NVML (``nvml:N``). GPU views never count towards the host ``peak``.
+- ``--tfmem-gpu-memory-growth`` (default on): ``TF_FORCE_GPU_ALLOW_GROWTH=true`` is set when
+  pytest starts, the earliest moment, so TensorFlow takes GPU memory as needed instead of
+  nearly all of it, and NVML's numbers mean something. The variable also works together
+  with a memory limit, which ``set_memory_growth`` does not.
+- ``--tfmem-gpu-limit``: a logical device memory limit on every GPU, set through the
+  ``pytest_tfmem_configure_tensorflow`` hook before TensorFlow initialises its devices.
+  If it has already initialised them, a ``TfmemDeviceWarning`` says the setting was not applied.
+- A ``tf.errors.ResourceExhaustedError`` escaping a measured test becomes a
+  ``DeviceOutOfMemory`` failure naming device, allocator, tensor, limit and peak (``oom.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Generator
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from . import oom, plugin, settings
+from .checks import Verdict
+from .errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
+from .measure import TRACKER_PROVIDERS, Measurement, PeakTracker
+from .probes import tf as tf_probe
+from .probes.nvml import Nvml, NvmlSampler, process_sources
+from .records import TestRecord
+from .units import SIZE_FORMS, format_size
+
+PLUGIN_NAME = "tfmem-gpu"
+GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
+CHECK = "gpu_budget"
+EXTRA = "gpu"  # the record's section: NVML devices and problems
+
+
+class TfmemDeviceWarning(pytest.PytestWarning):
+    """A device setting (GPU memory limit, memory growth) could not be applied."""
+
+
+FAILURE_BY_CHECK[CHECK] = GpuBudgetExceeded
+settings.MARKER_KEYWORDS["gpu_budget"] = settings.parse_optional_size
+
+
+def parse_interval(value: object, what: str) -> float:
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = -1.0
+    if isinstance(value, bool) or not 0 <= seconds <= 60:
+        raise ValueError(f"invalid {what} {value!r}: expected seconds between 0 and 60, e.g. 0.01 (0: no sampling)")
+    return seconds
+
+
+GPU_BUDGET = settings.Option(
+    "gpu_budget",
+    f"peak GPU memory budget for every test (TF GPU allocators, else NVML); {SIZE_FORMS}",
+    settings.parse_optional_size,
+)
+GPU_LIMIT = settings.Option(
+    "gpu_limit",
+    "make TensorFlow refuse GPU memory past this size on each GPU (a logical device memory limit, "
+    f"set before TF initialises its GPUs); {SIZE_FORMS}",
+    settings.parse_optional_size,
+)
+GPU_MEMORY_GROWTH = settings.Option(
+    "gpu_memory_growth",
+    f"let TensorFlow take GPU memory as needed rather than nearly all at start ({GROWTH_VARIABLE}=true "
+    "unless already set; default true)",
+    settings.parse_bool,
+    True,
+)
+NVML_INTERVAL = settings.Option(
+    "nvml_interval",
+    "seconds between NVML readings of GPU memory while tests run; 0 reads only at each test's start "
+    "and end (default 0.05)",
+    parse_interval,
+    0.05,
+)
+OPTIONS = [GPU_BUDGET, GPU_LIMIT, GPU_MEMORY_GROWTH, NVML_INTERVAL]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, OPTIONS)
+
+
+@pytest.hookimpl(trylast=True)  # after the core registered its manager
+def pytest_configure(config: pytest.Config) -> None:
+    devices = DeviceMemory(config)
+    config.pluginmanager.register(devices, PLUGIN_NAME)
+    if devices.budget is not None or devices.limit is not None:
+        manager = plugin.manager(config)
+        manager.settings = dataclasses.replace(manager.settings, any_set=True)  # measure every test
+
+
+# -- checks --------------------------------------------------------------------------------
+
+
+def gpu_views(measurement: Measurement) -> tuple[str, list[tuple[str, int]]]:
+    """The views a GPU budget reads: TF's GPU allocators, else NVML's per-GPU process memory."""
+    for prefix, kind in (("tf:GPU", "TF"), ("nvml:", "NVML")):
+        views = [(v.view, v.increase) for v in measurement.views if v.view.startswith(prefix)]
+        if views:
+            return kind, views
+    return "", []
+
+
+def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | None:
+    """``GPU peak 2.3 GiB > GPU budget 2.0 GiB (TF GPU:0 allocator 2.3 GiB)``; ``None``
+    without a budget or without any GPU view (no GPU: nothing to check)."""
+    if budget is None:
+        return None
+    kind, views = gpu_views(measurement)
+    if not views:
+        return None
+    peak = max(increase for _, increase in views)
+    relation = ">" if peak > budget else "<="
+    labels = ", ".join(
+        f"TF {name[3:]} allocator {format_size(increase)}" if kind == "TF" else f"GPU {name[5:]} (NVML) {format_size(increase)}"
+        for name, increase in views
+    )
+    return Verdict(CHECK, peak <= budget, f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})")
+
+
+# -- TensorFlow's device set-up ------------------------------------------------------------
+
+
+def apply_gpu_limit(tf: ModuleType, runtime_started: bool, limit: int) -> str:
+    """Set ``limit`` (bytes) as a logical device memory limit on every GPU TensorFlow sees.
+
+    Returns ``""`` when applied, else why not (for a warning). TensorFlow takes the limit
+    in MiB; it is rounded down, to at least 1 MiB.
+    """
+    option = f"--tfmem-gpu-limit={format_size(limit)}"
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return f"{option} not applied: TensorFlow sees no GPU"
+    if runtime_started:
+        return (
+            f"{option} not applied: TensorFlow had already initialised its GPUs (something ran a TF op "
+            "before the first test, e.g. at import of a test module or conftest.py)"
+        )
+    limit_mib = max(1, limit // 2**20)
+    try:
+        for gpu in gpus:
+            tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)])
+    except (RuntimeError, ValueError) as error:
+        return f"{option} not applied: TensorFlow refused it: {error}"
+    return ""
+
+
+def enable_memory_growth(environ: dict[str, str] | Any) -> bool:
+    """Set ``TF_FORCE_GPU_ALLOW_GROWTH=true`` unless the user set it; True if tfmem set it."""
+    if GROWTH_VARIABLE in environ:
+        return False
+    environ[GROWTH_VARIABLE] = "true"
+    return True
+
+
+def _expects(item: pytest.Item, error: BaseException) -> bool:
+    """The test is marked ``xfail(raises=...)`` with this error's type: leave it as it is."""
+    for mark in item.iter_markers("xfail"):
+        raises = mark.kwargs.get("raises")
+        if raises is not None and isinstance(error, raises):
+            return True
+    return False
+
+
+class DeviceMemory:
+    """Per-session state: GPU settings, the NVML session and sampler, notes for the summary."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
+        self.budget: int | None = values["gpu_budget"]
+        self.limit: int | None = values["gpu_limit"]
+        self.interval: float = values["nvml_interval"]
+        self.applied_limit: int | None = None
+        self.set_growth = values["gpu_memory_growth"] and enable_memory_growth(os.environ)
+        # Memory growth is read when TF initialises its GPUs: too late if that already happened.
+        self.growth_too_late = self.set_growth and tf_probe.runtime_started()
+        self.pynvml: Any = None  # the pynvml module; None imports the real one
+        self.nvml: Nvml | None = None
+        self.nvml_note = ""
+        self._nvml_trackers: list[PeakTracker] | None = None
+        self._sampler: NvmlSampler | None = None
+        TRACKER_PROVIDERS.append(self.nvml_trackers)
+
+    # -- NVML ----------------------------------------------------------------------------
+    def nvml_trackers(self) -> list[PeakTracker]:
+        """The NVML trackers of every window (opened at the first one, then the same ones)."""
+        if self._nvml_trackers is None:
+            self.nvml, self.nvml_note = Nvml.open(self.pynvml)
+            sources = process_sources(self.nvml) if self.nvml is not None else []
+            self._nvml_trackers = [PeakTracker(source) for source in sources]
+            if sources and self.interval > 0:
+                self._sampler = NvmlSampler(sources, self.interval).start()
+        return self._nvml_trackers
+
+    def _nvml_section(self) -> dict[str, Any]:
+        if self.nvml is None:
+            return {}
+        section: dict[str, Any] = {}
+        try:
+            section["devices"] = [dataclasses.asdict(device) for device in self.nvml.devices()]
+        except self.nvml.error as error:
+            section["problems"] = [f"NVML could not read the GPUs: {error}"]
+        problems = [t.source.problem for t in self._nvml_trackers or () if getattr(t.source, "problem", "")]
+        if problems:
+            section.setdefault("problems", []).extend(problems)
+        return section
+
+    # -- hooks ---------------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
+        if self.limit is not None:
+            plugin.manager(self.config).prepare_tensorflow()
+
+    def pytest_tfmem_configure_tensorflow(self, config: pytest.Config, tf: ModuleType, runtime_started: bool) -> None:
+        problems = []
+        if self.limit is not None:
+            problem = apply_gpu_limit(tf, runtime_started, self.limit)
+            if problem:
+                problems.append(problem)
+            else:
+                self.applied_limit = self.limit
+        if self.growth_too_late and tf.config.list_physical_devices("GPU"):
+            problems.append(
+                f"GPU memory growth not turned on: TensorFlow had initialised its GPUs before pytest-tfmem "
+                f"started (set {GROWTH_VARIABLE}=true in the environment, or --tfmem-gpu-memory-growth=false)"
+            )
+        for problem in problems:
+            warnings.warn(TfmemDeviceWarning(f"pytest-tfmem: {problem}"), stacklevel=2)
+
+    def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
+        arguments = item.stash.get(plugin.ARGUMENTS, {})
+        budget = arguments["gpu_budget"] if "gpu_budget" in arguments else self.budget
+        assert record.measurement is not None
+        section = self._nvml_section()
+        if budget is not None and not gpu_views(record.measurement)[1]:
+            section["unchecked_gpu_budget"] = budget
+        if section:
+            record.extra[EXTRA] = section
+        return check_gpu_budget(record.measurement, budget)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the core's measurement
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+        """A ``ResourceExhaustedError`` from a measured test becomes a ``DeviceOutOfMemory``."""
+        try:
+            return (yield)
+        except Exception as error:
+            tf = tf_probe.loaded_tensorflow()
+            record = pyfuncitem.stash.get(plugin.RECORD, None)
+            if tf is None or record is None or not isinstance(error, tf.errors.ResourceExhaustedError):
+                raise
+            if _expects(pyfuncitem, error):
+                raise
+            found = oom.parse_oom(getattr(error, "message", str(error)))
+            trace = record.extra.get("trace", {}).get("shown_directory")
+            message = oom.describe_oom(found, record.measurement, self.applied_limit, trace)
+            record.verdicts.append(Verdict(oom.CHECK, False, message))
+            record.extra[oom.CHECK] = oom.record_section(found, self.applied_limit)
+            raise DeviceOutOfMemory(message) from error
+
+    @pytest.hookimpl(trylast=True)  # below the core's table
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        records = plugin.manager(self.config).records
+        if not records:
+            return
+        for line in self.summary_notes(records):
+            terminalreporter.write_line(f"tfmem: {line}")
+
+    def summary_notes(self, records: list[TestRecord]) -> list[str]:
+        """One line on GPU views when there are none, NVML's problems, unchecked GPU budgets."""
+        notes = []
+        if not any(v.view.startswith(("tf:GPU", "nvml:")) for r in records if r.measurement for v in r.measurement.views):
+            notes.append(f"no GPU views: {self._nvml_reason()}")
+        problems = {p for r in records for p in r.extra.get(EXTRA, {}).get("problems", ())}
+        notes += sorted(problems)
+        unchecked = [r for r in records if "unchecked_gpu_budget" in r.extra.get(EXTRA, {})]
+        if unchecked:
+            notes.append(f"GPU budget not checked in {len(unchecked)} test(s): no GPU memory view")
+        return notes
+
+    def _nvml_reason(self) -> str:
+        """Why NVML gave no view; a controller under xdist measured nothing, so it asks now."""
+        if self._nvml_trackers is None:
+            nvml, self.nvml_note = Nvml.open(self.pynvml)
+            if nvml is not None:
+                nvml.close()
+                self.nvml_note = f"NVML sees {nvml.device_count} GPU(s) but no test was measured on them"
+        return self.nvml_note or "NVML sees no GPU"
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+        if self.nvml_trackers in TRACKER_PROVIDERS:
+            TRACKER_PROVIDERS.remove(self.nvml_trackers)
+        if self.set_growth:
+            os.environ.pop(GROWTH_VARIABLE, None)
