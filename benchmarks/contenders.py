@@ -1,8 +1,10 @@
 """The contenders: how each memory tool is switched on for a workload's pytest run.
 
-Every workload runs as a real ``pytest`` process. A contender is the command-line arguments
-and environment that turn one tool on (and the others off); ``bench_plugin`` reads
-``TFMEM_BENCH_CONTENDER`` in that process to know which figure to record.
+Every workload runs as a real ``pytest`` process with plugin auto-loading off
+(``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), so each process holds exactly one contender's plugin,
+loaded with ``-p``, and no other installed plugin adds to its start-up. A contender is those
+arguments and its environment; ``bench_plugin`` reads ``TFMEM_BENCH_CONTENDER`` in that
+process to know which figure to record.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 UNREACHED_BUDGET = "64GB"
 # pytest-memray's per-location leak limit, the value its documentation shows.
 MEMRAY_LEAK_LIMIT = "1 MB"
-BOTH_PLUGINS_OFF = ("-p", "no:tfmem", "-p", "no:memray")
+TFMEM_PLUGIN = ("-p", "pytest_tfmem.plugin")
+MEMRAY_PLUGIN = ("-p", "pytest_memray.plugin")
 
 
 @dataclass(frozen=True)
@@ -24,11 +27,11 @@ class Contender:
     env: tuple[tuple[str, str], ...] = ()
 
 
-NO_PLUGIN = Contender("none", "no plugin", BOTH_PLUGINS_OFF)
-TFMEM = Contender("tfmem", "pytest-tfmem", ("-p", "no:memray", f"--tfmem-budget={UNREACHED_BUDGET}"))
-MEMRAY = Contender("memray", "pytest-memray `limit_memory`", ("-p", "no:tfmem"))
-MPROF_SLOW = Contender("mprof-0.1", "memory_profiler 0.1 s", BOTH_PLUGINS_OFF, (("TFMEM_BENCH_INTERVAL", "0.1"),))
-MPROF_FAST = Contender("mprof-0.01", "memory_profiler 0.01 s", BOTH_PLUGINS_OFF, (("TFMEM_BENCH_INTERVAL", "0.01"),))
+NO_PLUGIN = Contender("none", "no plugin", ())
+TFMEM = Contender("tfmem", "pytest-tfmem", (*TFMEM_PLUGIN, f"--tfmem-budget={UNREACHED_BUDGET}"))
+MEMRAY = Contender("memray", "pytest-memray `limit_memory`", MEMRAY_PLUGIN)
+MPROF_SLOW = Contender("mprof-0.1", "memory_profiler 0.1 s", (), (("TFMEM_BENCH_INTERVAL", "0.1"),))
+MPROF_FAST = Contender("mprof-0.01", "memory_profiler 0.01 s", (), (("TFMEM_BENCH_INTERVAL", "0.01"),))
 
 # Peak-memory contenders, in table column order.
 PEAK_CONTENDERS = (NO_PLUGIN, TFMEM, MEMRAY, MPROF_SLOW, MPROF_FAST)
@@ -37,15 +40,15 @@ MEASURING_CONTENDERS = PEAK_CONTENDERS[1:]
 # Leak-check contenders: pytest-tfmem's leak check at its default threshold and at a tight
 # one, pytest-memray's ``limit_leaks``, and TensorFlow's object-count approach written by hand.
 LEAK_TFMEM_DEFAULT = Contender(
-    "tfmem-leak", "pytest-tfmem leak check, max_growth 1MB (default)", ("-p", "no:memray"),
+    "tfmem-leak", "pytest-tfmem leak check, max_growth 1MB (default)", TFMEM_PLUGIN,
     (("TFMEM_BENCH_MAX_GROWTH", "1MB"),),
 )
 LEAK_TFMEM_TIGHT = Contender(
-    "tfmem-leak", "pytest-tfmem leak check, max_growth 100KB", ("-p", "no:memray"),
+    "tfmem-leak", "pytest-tfmem leak check, max_growth 100KB", TFMEM_PLUGIN,
     (("TFMEM_BENCH_MAX_GROWTH", "100KB"),),
 )
-LEAK_MEMRAY = Contender("memray-leaks", f"pytest-memray `limit_leaks(\"{MEMRAY_LEAK_LIMIT}\")`", ("-p", "no:tfmem"))
-LEAK_OBJECTS = Contender("object-count", "object count by type (TF's approach, by hand)", BOTH_PLUGINS_OFF)
+LEAK_MEMRAY = Contender("memray-leaks", f"pytest-memray `limit_leaks(\"{MEMRAY_LEAK_LIMIT}\")`", MEMRAY_PLUGIN)
+LEAK_OBJECTS = Contender("object-count", "object count by type (TF's approach, by hand)", ())
 LEAK_CONTENDERS = (LEAK_TFMEM_DEFAULT, LEAK_TFMEM_TIGHT, LEAK_MEMRAY, LEAK_OBJECTS)
 
 # Isolation: the same tests in-process and each in a fresh interpreter.

@@ -23,7 +23,8 @@ from benchmarks.bench_plugin import CONTENDER_ENV, RESULTS_ENV
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
-QUIET_TENSORFLOW = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
+# Only the plugins a contender names with -p are loaded; TensorFlow's start-up logging is off.
+WORKLOAD_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Runner:
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPOSITORY), env.get("PYTHONPATH")]))
-        env.update(QUIET_TENSORFLOW)
+        env.update(WORKLOAD_ENV)
         env.update(extra)
         return env
 

@@ -2,6 +2,7 @@
 
 from .batchsize import BatchSizeReport, BatchTrial, find_max_batch_size
 from .errors import BudgetExceeded, DeviceOutOfMemory, GpuBudgetExceeded, MemoryRegression, TfmemFailure
+from .leaks import LeakDetected, LeakReport, leak_check
 from .measure import Measurement, Monitor, ViewReading
 from .units import format_size, parse_size
 
@@ -13,6 +14,8 @@ __all__ = [
     "BudgetExceeded",
     "DeviceOutOfMemory",
     "GpuBudgetExceeded",
+    "LeakDetected",
+    "LeakReport",
     "Measurement",
     "MemoryRegression",
     "Monitor",
@@ -21,5 +24,6 @@ __all__ = [
     "__version__",
     "find_max_batch_size",
     "format_size",
+    "leak_check",
     "parse_size",
 ]

@@ -9,15 +9,20 @@ the session's JUnit file) are switched off.
 
 Everything the parent needs travels through a JSON-lines file, one line per event, written
 as it happens, so the parent knows how far the test got even when the child is killed:
-``report`` (each test report, serialised by pytest's own hook), ``call`` (RSS when the test
-body starts), ``warning``, ``collect_error``, ``not_collected`` and ``finished``.
+``report`` (each test report, serialised by pytest's own hook), ``call`` and ``call_end``
+(RSS when the test body starts, the process's peak RSS when it ends), ``warning``, ``collect_error``, ``not_collected`` and ``finished``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
+import os
+import signal
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from . import settings
 from .probes import host
 
 IN_CHILD = pytest.StashKey["ChildSpec"]()
+_PR_SET_PDEATHSIG = 1
 
 # Options set in the child whatever the session's command line says (when the option exists).
 _SINGLE_TEST_OPTIONS: dict[str, Any] = {
@@ -57,6 +63,7 @@ class ChildSpec:
     target: str  # the argument that collects it: "<absolute path>::<name>"
     events: str  # JSON-lines file the child writes its events to
     basetemp: str  # the child's own --basetemp, inside the parent's
+    parent_pid: int  # the child dies with this process
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -118,9 +125,17 @@ class ChildRun:
         if not selected:
             self._write({"event": "not_collected", "collected": [item.nodeid for item in deselected]})
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> None:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         self._write({"event": "call", "rss": host.current_rss(), "time": time.time()})
+        try:
+            return (yield)
+        finally:
+            # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
+            # start of the test body: the process's exact peak over the body. (ru_maxrss is
+            # not reset with it: exiting threads fold the earlier high-water mark into it.)
+            peak = host._read_status_kib("VmHWM")["VmHWM"]
+            self._write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.nodeid == self.spec.nodeid and self.config is not None:
@@ -146,11 +161,25 @@ class ChildRun:
         self._events.close()
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``),
+    so an isolated test never outlives a session that was killed."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     spec = ChildSpec.read(Path(arguments[0]))
+    die_with_parent(spec.parent_pid)
     return int(pytest.main(spec.args, plugins=[ChildRun(spec)]))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, not this copy's: run as ``-m``, this file is
+    # ``__main__``, and its ``IN_CHILD`` key would not be the one the plugins look for.
+    from pytest_tfmem.child import main as child_main
+
+    sys.exit(child_main())

@@ -3,9 +3,11 @@
     tfmem compare BASELINE REPORT [--tolerance 10%+16MB] [--markdown] [--all]
     tfmem show REPORT [--top N]
     tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N]
+    tfmem last [RESULTS] [--all]
 
-Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance; 2 bad input (a
-missing, unreadable or corrupt file, a bad option value).
+Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the session
+``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
+bad option value).
 
 Each subcommand is one ``add_*`` function that declares its parser and sets ``run``;
 adding one is adding a function to ``SUBCOMMANDS``.
@@ -19,7 +21,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .baseline import BaselineError, load_baseline
-from .compare import REGRESSION, NEW, IMPROVEMENT, WITHIN, Comparison, compare, comparisons_from_record
+from .compare import (
+    IMPROVEMENT,
+    NEW,
+    REGRESSION,
+    WITHIN,
+    Comparison,
+    compare,
+    comparisons_from_record,
+)
 from .environment import environment_differences
 from .report import render_table, summary_rows
 from .reports import (
@@ -175,8 +185,9 @@ def add_plot(subparsers: argparse._SubParsersAction) -> None:
 
 def run_plot(args: argparse.Namespace) -> int:
     try:
-        from .plot import plot_peaks
         import matplotlib  # noqa: F401
+
+        from .plot import plot_peaks
     except ImportError:
         raise CliError("tfmem plot needs matplotlib: pip install matplotlib") from None
     report = _load(load_report, args.report)
@@ -195,10 +206,45 @@ def run_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# last
+
+
+def add_last(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "last",
+        help="what the last pytest session did, even if it was killed",
+        description="Read the results journal pytest-tfmem writes while tests run: the test that was "
+        "running when the session stopped, with its last memory reading, and the tests that had "
+        "finished. Exit code 0: the session finished; 1: it did not (killed, crashed or still running); "
+        "2: no results.",
+    )
+    parser.add_argument(
+        "results",
+        nargs="?",
+        metavar="RESULTS",
+        help="the journal (default: .tfmem/results.jsonl here or in the nearest parent directory)",
+    )
+    parser.add_argument("--all", action="store_true", help="list every finished test, not only the last 20")
+    parser.set_defaults(run=run_last)
+
+
+def run_last(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .journal import describe_last, find_results
+
+    path = Path(args.results) if args.results else find_results()
+    if path is None:
+        raise CliError("no .tfmem/results.jsonl here or in a parent directory; give the journal's path")
+    text, code = describe_last(path, show_all=args.all)
+    print(text, file=sys.stdout if code != EXIT_BAD_INPUT else sys.stderr)
+    return code
+
+
 # the command
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_compare, add_show, add_plot]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_compare, add_show, add_plot, add_last]
 
 
 def _load(load: Callable[[str], Any], path: str) -> Any:

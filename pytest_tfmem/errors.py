@@ -33,8 +33,10 @@ class GpuBudgetExceeded(TfmemFailure):
 class DeviceOutOfMemory(TfmemFailure):
     """TensorFlow ran out of memory (``ResourceExhaustedError``) in a measured test.
 
-    The TensorFlow error is the ``__cause__``.
+    ``tf_error`` is TensorFlow's error.
     """
+
+    tf_error: BaseException | None = None
 
 
 # The exception each check's failed verdict raises; feature modules register theirs.

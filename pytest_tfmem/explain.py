@@ -49,8 +49,7 @@ LEGEND = [
     "Peak: the highest level while it ran, above where tracing began (host RSS or TF CPU allocator, the larger)",
 ]
 _DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
-# The explanation of a test and its report sections, on its item.
-EXPLANATION = pytest.StashKey[dict]()
+# A test's report sections, and its own run when traced from the start, on its item.
 SECTIONS = pytest.StashKey[list]()
 OWN_RUN = pytest.StashKey["TracedRun"]()
 
@@ -218,7 +217,11 @@ class ExplainPlugin:
         request = self.request_for(pyfuncitem)
         if request is None or request.mode != FROM_START:
             return (yield)
-        run = self._start(pyfuncitem, request, FROM_START, profile=not self._trace_profiles_own_run(pyfuncitem))
+        try:
+            run = self._start(pyfuncitem, request, FROM_START, profile=not self._trace_profiles_own_run(pyfuncitem))
+        except Exception as error:  # the test runs anyway, untraced
+            pyfuncitem.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
+            return (yield)
         try:
             return (yield)
         finally:
@@ -235,7 +238,10 @@ class ExplainPlugin:
             record = item.stash.get(plugin.RECORD, None)
             if request is not None and record is not None and record.failed_verdicts:
                 assert isinstance(item, pytest.Function)
-                self.explain(item, request, record)
+                try:
+                    self.explain(item, request, record)
+                except Exception as error:  # explaining must never hide the test's own failure
+                    item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
             raise
         finally:
             own_run = item.stash.get(OWN_RUN, None)
@@ -244,16 +250,16 @@ class ExplainPlugin:
                 _remove_capture(own_run.profiler)
 
     def explain(self, item: pytest.Function, request: ExplainRequest, record: TestRecord) -> None:
+        """Trace the failed test (or take its traced run), read its TF trace, publish both."""
         trace = item.stash.get(TRACE, None)
         trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
         run = item.stash.get(OWN_RUN, None)
         if run is None and request.mode == FROM_START:
-            return  # the test was not traced (it failed before its body ran)
+            return  # the test failed before its body ran
+        if run is None and not can_rerun(item):
+            _publish(item, record, explanation(record, None, [], [], ""), [], [], trace)
+            return
         if run is None:
-            if not can_rerun(item):
-                _publish(item, record, {"how": RERUN, "notes": ["not explained: an async test cannot be re-run; "
-                                                                "use explain_mode='from-start'"]}, [], trace)
-                return
             run = self._rerun(item, request, profile=not trace_files)
         if trace_files:
             source = "the test's TensorBoard trace (" + (
@@ -266,8 +272,7 @@ class ExplainPlugin:
                 run.notes.append(run.profiler.message)
         allocators = _tensorflow_peaks(profile_files, request.top, run.notes)
         lines = run.tracer.results()
-        data = explanation(record, run, lines, allocators, source)
-        _publish(item, record, data, sections(item.nodeid, data, lines, allocators), trace)
+        _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
         if run.how == RERUN:
             _remove_capture(run.profiler)
 
@@ -301,33 +306,38 @@ def _tensorflow_peaks(files: list[Path], top: int, notes: list[str]) -> list[All
     return []
 
 
-def explanation(record: TestRecord, run: TracedRun, lines: list[FunctionLines], allocators: list[AllocatorPeak],
-                source: str) -> dict[str, Any]:
-    """What goes into the record and ``summary.json``."""
+def explanation(record: TestRecord, run: TracedRun | None, lines: list[FunctionLines],
+                allocators: list[AllocatorPeak], source: str) -> dict[str, Any]:
+    """What goes into the record and ``summary.json``; ``run`` is ``None`` for a test that cannot be re-run."""
     verdict_peak = record.measurement.peak if record.measurement is not None else None
-    if run.how == RERUN:
+    notes = list(run.notes) if run is not None else []
+    if run is None:
+        how = "not explained: an async test cannot be re-run; use explain_mode='from-start'"
+    elif run.how == RERUN:
         how = (f"re-run once after the failure, with the same fixture values, under a line tracer: peak "
                f"{format_size(run.peak)} (the failed run: {format_size(verdict_peak)})")
         if run.error:
             how += f"; the re-run raised {run.error.splitlines()[0][:200]}"
     else:
-        how = "the test's own run, traced from the start (its verdict includes the tracer's memory)"
+        how = "the test's own run, traced from the start (its verdict includes what the tracers used)"
+    if run is not None and not lines:
+        notes.append("no line of a traced function ran")
     largest = max(
         ((function, row) for function in lines for row in function.rows),
         key=lambda pair: pair[1].peak_increase() or 0,
         default=None,
     )
     return {
-        "how": run.how,
+        "how": run.how if run is not None else RERUN,
         "description": how,
-        "rerun": {"peak_bytes": run.peak, "error": run.error} if run.how == RERUN else None,
+        "rerun": {"peak_bytes": run.peak, "error": run.error} if run is not None and run.how == RERUN else None,
         "lines": [function.to_dict() for function in lines],
         "largest": None if largest is None else {
             "function": largest[0].name, "file": largest[0].filename, "line": largest[1].line,
             "contents": largest[1].contents, "peak_increase_bytes": largest[1].peak_increase(),
         },
         "tensorflow": {"source": source, "allocators": [peak.to_dict() for peak in allocators]} if allocators else None,
-        "notes": list(run.notes),
+        "notes": notes,
     }
 
 
@@ -346,8 +356,7 @@ def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
             text += [*LEGEND, *(f"note: {note}" for note in data["notes"])]
         result.append((f"memory by line ({function.name})", "\n".join(text)))
     if not lines:
-        result.append((f"memory by line ({nodeid})", "\n".join([data.get("description", ""), "no line of the test ran",
-                                                              *(f"note: {n}" for n in data["notes"])]).strip()))
+        result.append((f"memory by line ({nodeid})", "\n".join([data["description"], *(f"note: {n}" for n in data["notes"])])))
     if allocators:
         text = [f"from {data['tensorflow']['source']}"]
         for peak in allocators:
@@ -356,9 +365,10 @@ def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
     return result
 
 
-def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], report_sections: list[tuple[str, str]],
-             trace: dict[str, Any] | None) -> None:
-    """Put the explanation on the record (refreshing the copy in the item's properties), the report and the trace."""
+def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], lines: list[FunctionLines],
+             allocators: list[AllocatorPeak], trace: dict[str, Any] | None) -> None:
+    """Put the explanation into the trace's summary, the record (refreshing the copy in the item's
+    properties) and the report sections."""
     if trace is not None:
         try:
             update_summary(trace["directory"], SECTION_KEY, data)
@@ -367,8 +377,7 @@ def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], report
     record.extra[SECTION_KEY] = data
     fresh = record.user_properties()[0]
     item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
-    item.stash[EXPLANATION] = data
-    item.stash[SECTIONS] = report_sections
+    item.stash[SECTIONS] = sections(item.nodeid, data, lines, allocators)
 
 
 def _remove_capture(profiler: ProfilerCapture | None) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from . import leaks
 from .measure import Measurement, Monitor
 from .probes import host
 from .probes.tf import clear_keras_sessions
@@ -48,6 +49,7 @@ class TfmemFixture:
 
     def __init__(self, test_monitor: Callable[[], Monitor | None]) -> None:
         self._test_monitor = test_monitor  # the per-test window opens after fixtures are set up
+        self.leak_reports: list[leaks.LeakReport] = []  # this test's leak checks, for its record
 
     @contextmanager
     def measure(self) -> Iterator[MeasureResult]:
@@ -80,3 +82,27 @@ class TfmemFixture:
         actions = [*clear_keras_sessions(), "gc.collect()", "malloc_trim(0)"]
         host.release_freed_memory()
         return CleanReport(max(0, before - host.current_rss()), tuple(actions))
+
+    def leak_check(
+        self,
+        fn: Callable[[], object],
+        iterations: int = leaks.DEFAULT_ITERATIONS,
+        warmup: int = leaks.DEFAULT_WARMUP,
+        max_growth: int | str = leaks.DEFAULT_MAX_GROWTH,
+    ) -> leaks.LeakReport:
+        """Call ``fn`` ``warmup`` times, then ``iterations`` measured times; report the growth."""
+        report = leaks.leak_check(fn, iterations, warmup, max_growth)
+        self.leak_reports.append(report)
+        return report
+
+    def assert_no_leak(
+        self,
+        fn: Callable[[], object],
+        iterations: int = leaks.DEFAULT_ITERATIONS,
+        warmup: int = leaks.DEFAULT_WARMUP,
+        max_growth: int | str = leaks.DEFAULT_MAX_GROWTH,
+    ) -> leaks.LeakReport:
+        """``leak_check``, then fail the test with ``LeakDetected`` if it grew over ``max_growth``."""
+        report = self.leak_check(fn, iterations, warmup, max_growth)
+        leaks.raise_if_leaked(report)
+        return report

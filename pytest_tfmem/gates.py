@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +30,7 @@ from .compare import (
 )
 from .environment import current_environment, environment_differences
 from .records import TestRecord
+from .report import render_table
 from .reports import (
     SessionReport,
     comparison_rows,
@@ -39,7 +40,6 @@ from .reports import (
     summary_counts,
     write_report,
 )
-from .report import render_table
 from .tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
 
 PLUGIN_NAME = "tfmem-gates"
@@ -168,9 +168,11 @@ class CiGates:
         if self.save_path is not None:
             self._save_baseline(session, records, exitstatus)
         if self.report_path is not None:
-            self._write(session, "JSON report", self.report_path, lambda path: write_report(self._report(records, exitstatus), path))
-        markdown = session_markdown(records, top=plugin.manager(self.config).settings.top, notes=self.environment_notes)
-        if self.markdown_path is not None and records:
+            report = self._report(records, exitstatus)
+            self._write(session, "JSON report", self.report_path, lambda path: write_report(report, path))
+        top = plugin.manager(self.config).settings.top
+        markdown = session_markdown(records, top=top, notes=self.environment_notes)
+        if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
         step_summary = os.environ.get(STEP_SUMMARY)
         if step_summary and records:
@@ -179,7 +181,8 @@ class CiGates:
     def _save_baseline(self, session: pytest.Session, records: list[TestRecord], exitstatus: int) -> None:
         assert self.save_path is not None and self.save_into is not None
         if exitstatus in _NOT_SAVED_AFTER:
-            self.outcome_lines.append((f"baseline not saved: the run was {pytest.ExitCode(exitstatus).name.lower()}; {self.save_path} is unchanged", {"yellow": True}))
+            how = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
+            self.outcome_lines.append((f"baseline not saved: the run was {how}; {self.save_path} is unchanged", {"yellow": True}))
             return
         updated = self.save_into.merged(records, prune=self.prune)
         saved = sum(record.measurement is not None and record.outcome == "passed" for record in records)
@@ -203,7 +206,9 @@ class CiGates:
             version=__version__,
         )
 
-    def _write(self, session: pytest.Session, what: str, path: Path, write: Any, done: str | None = None) -> None:
+    def _write(
+        self, session: pytest.Session, what: str, path: Path, write: Callable[[Path], None], done: str | None = None
+    ) -> None:
         """Write one output; a failure is reported and fails the session instead of passing silently."""
         try:
             write(path)

@@ -31,7 +31,7 @@ from .errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
 from .measure import TRACKER_PROVIDERS, Measurement, PeakTracker
 from .probes import tf as tf_probe
 from .probes.nvml import Nvml, NvmlSampler, process_sources
-from .records import TestRecord
+from .records import TestRecord, republish
 from .units import SIZE_FORMS, format_size
 
 PLUGIN_NAME = "tfmem-gpu"
@@ -267,7 +267,10 @@ class DeviceMemory:
             message = oom.describe_oom(found, record.measurement, self.applied_limit, trace)
             record.verdicts.append(Verdict(oom.CHECK, False, message))
             record.extra[oom.CHECK] = oom.record_section(found, self.applied_limit)
-            raise DeviceOutOfMemory(message) from error
+            republish(pyfuncitem, record)
+            failure = DeviceOutOfMemory(message)
+            failure.tf_error = error  # the message already quotes it: no chained traceback
+            raise failure from None
 
     @pytest.hookimpl(trylast=True)  # below the core's table
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:

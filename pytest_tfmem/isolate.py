@@ -13,6 +13,7 @@ that test with the signal, the readings and the memory available; the session go
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from .watchdog import WatchResult, Watchdog, describe_signal, downsample
 
 PLUGIN_NAME = "tfmem-isolation"
 WATCH_INTERVAL_S = 0.02
-OUTPUT_TAIL_LINES = 30
+OUTPUT_LINES = 30
 
 ISOLATE = settings.Option(
     "isolate",
@@ -184,6 +185,7 @@ class TfmemIsolation:
             target=target_argument(item),
             events=str(workdir / "events.jsonl"),
             basetemp=str(workdir / "basetemp"),
+            parent_pid=os.getpid(),
         )
         spec.write(workdir / "spec.json")
         with open(workdir / "output.log", "wb") as output:
@@ -202,14 +204,12 @@ class TfmemIsolation:
             for event in events
             if event["event"] == "report"
         ]
-        call_start_rss = next((event["rss"] for event in events if event["event"] == "call"), None)
-        isolated = _isolated_section(result, call_start_rss, reports)
+        isolated = _isolated_section(result, events, reports)
         for report in reports:
-            if report.when == "call":
-                _add_isolated_section(report, isolated)
+            _add_isolated_numbers(report, isolated)
         if not _complete(reports):
-            output_tail = _tail(workdir / "output.log", OUTPUT_TAIL_LINES)
-            reports += self._died_reports(item, policy, reports, events, result, isolated, output_tail)
+            output = _output_excerpt(workdir / "output.log", OUTPUT_LINES)
+            reports += self._died_reports(item, policy, reports, events, result, isolated, output)
         return reports
 
     def _died_reports(
@@ -220,7 +220,7 @@ class TfmemIsolation:
         events: list[dict[str, Any]],
         result: WatchResult,
         isolated: dict[str, Any],
-        output_tail: str,
+        output: str,
     ) -> list[pytest.TestReport]:
         """A failure report for the phase the child died in, and an empty teardown after it."""
         phases = {report.when: report for report in reports}
@@ -244,13 +244,13 @@ class TfmemIsolation:
             raise failure
 
         _evaluate_xfail(item)
-        if phase == "call":
-            item.stash[plugin.RECORD] = record  # the core attaches it to the call report
+        item.stash[plugin.RECORD] = record  # the core adds its section to the call report
+        item.user_properties.extend(record.user_properties())  # reports made from the item carry it
+        item.user_properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
         report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))
-        if phase != "call":
-            report.user_properties.extend(record.user_properties())
-        if output_tail:
-            report.sections.append((f"isolated process output (last {OUTPUT_TAIL_LINES} lines)", output_tail))
+        report.duration = result.elapsed_s  # the child's whole run: the phase's own share is unknown
+        if output:
+            report.sections.append(("isolated process output", output))
         died = [report]
         if phase != "teardown":
             died.append(
@@ -324,14 +324,19 @@ def _complete(reports: list[pytest.TestReport]) -> bool:
 
 
 def _isolated_section(
-    result: WatchResult, call_start_rss: int | None, reports: list[pytest.TestReport]
+    result: WatchResult, events: list[dict[str, Any]], reports: list[pytest.TestReport]
 ) -> dict[str, Any]:
     """The numbers of an isolated run that go into the record's ``extra["isolated"]``.
 
-    ``process_peak``: the child's highest RSS from the start of the test body to its exit,
-    exact: the kernel's high-water mark (reset when the test body starts), folded with the
-    record's own host peak (which survives resets by nested ``tfmem.measure()`` windows).
+    ``process_peak`` is the child's peak RSS over the test body, exact: the kernel's
+    high-water mark (reset when the body starts) read when the body ends, folded with the
+    record's own host peak, which survives resets by nested ``tfmem.measure()`` windows.
+    For a child that died in the body it is the kernel's figure for the dead child
+    (``wait4``) or the watchdog's sampled figure for its tree, whichever is higher.
     """
+    call = next((event for event in events if event["event"] == "call"), None)
+    call_end = next((event for event in events if event["event"] == "call_end"), None)
+    call_start_rss = call["rss"] if call else None
     host_peak = 0
     for report in reports:
         record = record_from_report(report) if report.when == "call" else None
@@ -339,7 +344,10 @@ def _isolated_section(
         if host_view is not None:
             host_peak = host_view.peak
             call_start_rss = host_view.start  # exact, taken after freed memory was released
-    process_peak = max(result.process_maxrss, host_peak)
+    if call_end is not None:
+        process_peak = max(call_end["peak_rss"], host_peak)
+    else:
+        process_peak = max(result.process_maxrss, result.peak_rss)
     death = None
     if result.killed_at_limit:
         death = "killed at kill_at"
@@ -359,17 +367,21 @@ def _isolated_section(
     }
 
 
-def _add_isolated_section(report: pytest.TestReport, isolated: dict[str, Any]) -> None:
-    """Add the isolated run's numbers to the record the child attached to its call report."""
-    properties = []
+def _add_isolated_numbers(report: pytest.TestReport, isolated: dict[str, Any]) -> None:
+    """Add the isolated run's numbers to the record the child attached to a report (the
+    call and teardown reports carry it), and a section to the call report."""
+    properties: list[tuple[str, object]] = []
     for name, value in report.user_properties:
         if name == PROPERTY and isinstance(value, str):
             data = json.loads(value)
             data["extra"]["isolated"] = isolated
             value = json.dumps(data, sort_keys=True)
         properties.append((name, value))
-    properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
+        if name == PROPERTY:
+            properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
     report.user_properties = properties
+    if report.when != "call":
+        return
     increase = format_size(isolated["process_peak_increase"])
     report.sections.append(
         (
@@ -416,9 +428,15 @@ def _warning_category(qualified_name: str) -> type[Warning]:
     return category if isinstance(category, type) and issubclass(category, Warning) else UserWarning
 
 
-def _tail(path: Path, lines: int) -> str:
+def _output_excerpt(path: Path, lines: int) -> str:
+    """The child's last output lines; from a crash, the start of Python's fault report
+    (``Fatal Python error``: the failing thread's innermost frames come first)."""
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    fatal = next((i for i, line in enumerate(text) if "Fatal Python error" in line), None)
+    if fatal is None:
+        return "\n".join(text[-lines:])
+    text[fatal] = text[fatal][text[fatal].index("Fatal Python error") :]
+    return "\n".join(text[fatal : fatal + lines])

@@ -7,7 +7,8 @@ one JSON object per line:
 - ``session``: the first line; the session's id, pid, start time, rootdir and arguments;
 - ``start``: a test began (with the process tree's RSS at that moment);
 - ``reading``: the running test's process tree RSS now and its sampled peak so far, every
-  second, and at once when the peak has grown by 5% since the last reading written;
+  second, and at once when the peak has grown by 10% (at least 16 MiB) since the last
+  reading written;
 - ``finish``: a test ended: outcome, duration, the failure's first line, its tfmem record
   (synced to disk, ``fsync``);
 - ``end``: the session ended, with its exit status.
@@ -45,7 +46,9 @@ PLUGIN_NAME = "tfmem-journal"
 DEFAULT_PATH = Path(".tfmem") / "results.jsonl"
 SAMPLE_INTERVAL_S = 0.1
 WRITE_INTERVAL_S = 1.0
-GROWTH_TO_WRITE = 0.05  # a sampled peak this much above the last written one is written at once
+# A sampled peak this much above the last one written is written at once.
+GROWTH_TO_WRITE = 0.10
+GROWTH_TO_WRITE_BYTES = 16 * 2**20
 _SESSION_KEY = "tfmem_session"
 
 
@@ -176,7 +179,9 @@ class ReadingsThread:
                     continue
                 running.peak = max(running.peak, rss)
                 now = time.monotonic()
-                grown = running.peak > running.written_peak * (1 + GROWTH_TO_WRITE) + 2**20
+                grown = running.peak - running.written_peak > max(
+                    GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
+                )
                 if not grown and now - running.written_at < WRITE_INTERVAL_S:
                     continue
                 running.written_peak, running.written_at = running.peak, now
@@ -427,15 +432,19 @@ def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tupl
         for key, start in started.items():
             worker = f" [{key[0]}]" if key[0] else ""
             reading = readings.get(key)
+            lines.append(
+                f"  {start['nodeid']}{worker}: started {_clock(start['time'])}, "
+                f"still running {max(0.0, last_time - start['time']):.1f} s later at the journal's last entry"
+            )
             if reading is not None:
-                memory = (
-                    f"last reading {format_size(reading['rss'])} at {reading['elapsed_s']:.1f} s into the test "
-                    f"({_clock(reading['time'])}), peak {format_size(reading['peak'])} (process tree RSS, sampled)"
+                growth = format_size(reading["rss"] - start["rss"], signed=True)
+                lines.append(
+                    f"    last reading {format_size(reading['rss'])} ({growth} since the test started) "
+                    f"at {reading['elapsed_s']:.1f} s into the test ({_clock(reading['time'])}); "
+                    f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
                 )
             else:
-                memory = f"last reading {format_size(start.get('rss'))} when it started (process tree RSS)"
-            lines.append(f"  {start['nodeid']}{worker}: started {_clock(start['time'])}, "
-                         f"{max(0.0, last_time - start['time']):.1f} s before the journal's last entry; {memory}")
+                lines.append(f"    last reading {format_size(start['rss'])} when it started (process tree RSS)")
     counts: dict[str, int] = {}
     for entry in finished:
         counts[entry.get("outcome", "?")] = counts.get(entry.get("outcome", "?"), 0) + 1

@@ -1,30 +1,32 @@
 """What piles up between the iterations of a leak check.
 
-After the baseline and after each measured iteration, ``GrowthTracker.observe()`` counts:
-gc-tracked Python objects by type, the length of lists/dicts/sets/deques, TensorFlow's eager
-function library, Keras's name counters and the traces of each ``tf.function``. A quantity is
-reported when it grew at *every* step: one-off growth (a cache filled once) is not a trend.
+``GrowthTracker.observe()`` runs after the baseline and after each measured iteration (after
+``gc.collect()``) and counts gc-visible Python objects by type, the size of TensorFlow's eager
+function library and the traces in it per ``tf.function``, and Keras's name counters. Such a
+quantity is reported when it rose at *every* step: a cache filled once is not a trend. The
+lengths of lists/dicts/sets/deques are compared once, baseline against the end, so a
+container that gains items (numpy arrays, which gc does not track, included) is named with
+what holds it.
 
-Nothing here imports TensorFlow or Keras; their state is read only when user code has loaded
-them. Objects that gc does not track (numpy arrays, bytes, str) are not counted by type; a
-container that holds more of them each iteration still shows as a growing container.
+Nothing here imports TensorFlow or Keras: their state is read only once user code loaded them.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
-import operator
+import re
 import sys
 import types
 from collections.abc import Iterable, Iterator
-from itertools import compress, repeat
 from dataclasses import asdict, dataclass
+from itertools import compress, repeat
 from typing import Any
 
 _CONTAINERS = (list, dict, set, collections.deque)
 _OWN_MODULE = __name__.rsplit(".", 1)[0]  # "pytest_tfmem": its own bookkeeping is not a leak
 _SHOWN_TYPES = 10
+_INFERENCE = re.compile(r"^__inference_(.+)_\d+$")  # a tf.function trace in the function library
 _TYPE_MODULE = type.__dict__["__module__"]
 _TYPE_QUALNAME = type.__dict__["__qualname__"]
 _SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the largest few
@@ -83,7 +85,8 @@ class LeakDiagnosis:
         if self.keras_names:
             rows.append(("Keras name counters", ", ".join(f"{g.signed()} {g.label}" for g in self.keras_names)))
         if self.retracing:
-            rows.append(("tf.function retracing", ", ".join(f"{g.label} {g.signed()} traces" for g in self.retracing)))
+            traces = ", ".join(f"{g.signed()} {g.label}" for g in self.retracing)
+            rows.append(("tf.function traces", f"{traces} per iteration (new traces kept in the library)"))
         return rows
 
 
@@ -144,7 +147,11 @@ def _own_types() -> list[type]:
     own = []
     for module_name, module in list(sys.modules.items()):
         if module_name == _OWN_MODULE or module_name.startswith(_OWN_MODULE + "."):
-            own += [value for value in vars(module).values() if isinstance(value, type)]
+            own += [
+                value
+                for value in vars(module).values()
+                if isinstance(value, type) and _type_name(value).startswith(_OWN_MODULE + ".")
+            ]
     return own
 
 
@@ -178,20 +185,21 @@ def _type_rank(kind: type) -> int:
     return len(tiers) + _type_name(kind).startswith("builtins.")
 
 
-def _tf_function_class() -> type | None:
-    found = _loaded_classes("tensorflow.python.eager.polymorphic_function.polymorphic_function:Function")
-    return found[0] if found else None
-
-
-def function_library_size() -> int | None:
-    """Number of functions in TF's eager context, or ``None`` before TF's runtime has started."""
+def function_library_names() -> list[str] | None:
+    """Names of the functions in TF's eager context, or ``None`` before TF's runtime started."""
     from .probes import tf as tf_probe
 
     if not tf_probe.runtime_started():
         return None
     from tensorflow.python.eager import context  # loaded: runtime_started() found TF
 
-    return len(context.context().list_function_names())
+    return list(context.context().list_function_names())
+
+
+def traced_function(name: str) -> str | None:
+    """``__inference_one_step_on_data_1395`` -> ``one_step_on_data``: each trace adds one."""
+    match = _INFERENCE.match(name)
+    return match.group(1) if match else None
 
 
 def keras_name_counters() -> dict[str, int]:
@@ -218,11 +226,11 @@ class GrowthTracker:
 
     def __init__(self) -> None:
         self._types = _EveryStep()
-        self._own_types = _own_types()
+        self._own_types = set(_own_types())
         self._container_baseline: dict[int, int] | None = None
         self._steps = -1  # observations after the baseline
         self._library: tuple[int, int] | None = None  # (size at first observation, size now)
-        self._library_steps = 0
+        self._library_steps = 0  # observations since the first one that found TF running
         self._names = _EveryStep()
         self._traces = _EveryStep()
         self._ignored: set[int] = set()
@@ -236,6 +244,12 @@ class GrowthTracker:
         for step in (self._types, self._names, self._traces):
             own.update((id(step.first), id(step.last), id(step.rising)))
         return own
+
+    def record_containers(self) -> None:
+        """Lengths of every container now, to compare with the end (unchanged in between)."""
+        objects = gc.get_objects()
+        self._container_baseline = _container_lengths(objects, self._own_ids())
+        del objects
 
     def observe(self) -> None:
         objects = gc.get_objects()
@@ -252,21 +266,13 @@ class GrowthTracker:
             counts.pop(kind, None)
         self._types.observe(counts)
 
-        if self._container_baseline is None:  # kept unchanged while readings are taken
-            self._container_baseline = _container_lengths(objects, self._own_ids())
         self._steps += 1
-        function_class = _tf_function_class()
-        traces = {}
-        if function_class is not None:
-            for function in compress(objects, map(operator.is_, map(type, objects), repeat(function_class))):
-                traces[id(function)] = function.experimental_get_tracing_count()
-        self._traces.observe(traces)
-
-        size = function_library_size()
-        if size is not None:
+        names = function_library_names()
+        if names is not None:
             if self._library is not None:
                 self._library_steps += 1
-            self._library = (size if self._library is None else self._library[0], size)
+            self._library = (len(names) if self._library is None else self._library[0], len(names))
+            self._traces.observe(collections.Counter(filter(None, map(traced_function, names))))
         self._names.observe(keras_name_counters())
 
     def diagnosis(self) -> LeakDiagnosis:
@@ -277,8 +283,7 @@ class GrowthTracker:
         )
         labels = _short_labels(ranked)
         containers = self._growing_containers()
-        traces = self._traces.growths()
-        alive = _objects_by_id({key for key, _ in containers} | set(traces))
+        alive = _objects_by_id({key for key, _ in containers})
         library = None
         if self._library is not None:
             first, last = self._library
@@ -292,13 +297,8 @@ class GrowthTracker:
             ),
             function_library=library,
             keras_names=_by_growth(_growth(key, value) for key, value in self._names.growths().items()),
-            retracing=_by_growth(
-                _growth(_function_label(alive[key]), value)
-                for key, value in traces.items()
-                if key in alive
-            ),
+            retracing=_by_growth(_growth(name, value) for name, value in self._traces.growths().items()),
         )
-
 
     def _growing_containers(self) -> list[tuple[int, tuple[float, int, int]]]:
         """Containers that existed at the baseline and gained at least one item per iteration."""
@@ -346,15 +346,10 @@ def _objects_by_id(ids: set[int]) -> dict[int, Any]:
     return {id(o): o for o in gc.get_objects() if id(o) in ids}
 
 
-def _function_label(function: Any) -> str:
-    return str(getattr(function, "_name", None) or getattr(function, "__name__", "tf.function"))
-
-
 def _container_label(container: Any) -> str:
-    """``list 'models' (local of test_fit) holding Sequential``: kind, holder, what it holds."""
-    holders = list(_holders(container))
-    holder = f" {holders[0]}" if holders else ""
-    return f"{type(container).__name__}{holder} holding {_item_types(container)}"
+    """``list 'models' (closure variable of test_fit) holding Sequential``: kind, holder, items."""
+    holder = _holder(container)
+    return f"{type(container).__name__}{' ' + holder if holder else ''} holding {_item_types(container)}"
 
 
 def _item_types(container: Any) -> str:
@@ -363,24 +358,26 @@ def _item_types(container: Any) -> str:
     return "/".join(name for name, _ in names.most_common(3)) or "nothing"
 
 
-def _holders(container: Any) -> Iterator[str]:
-    """Where a growing container is referenced from, by name where one can be found."""
+def _holder(container: Any) -> str:
+    """The most telling name a growing container goes by: a global, an attribute, a variable."""
+    found: list[tuple[int, str]] = []
+    modules = {id(vars(module)): name for name, module in list(sys.modules.items()) if hasattr(module, "__dict__")}
     for referrer in gc.get_referrers(container):
-        if isinstance(referrer, types.FrameType):
-            for name, value in referrer.f_locals.items():
-                if value is container:
-                    yield f"{name!r} (local of {referrer.f_code.co_name})"
+        if isinstance(referrer, dict):
+            keys = [key for key, value in referrer.items() if value is container and isinstance(key, str)]
+            if keys and id(referrer) in modules:
+                found.append((0, f"{keys[0]!r} (global of {modules[id(referrer)]})"))
+            elif keys:
+                found.append((4, repr(keys[0])))
         elif isinstance(referrer, types.CellType):
-            yield from _closure_names(referrer)
-        elif isinstance(referrer, dict):
-            for module in list(sys.modules.values()):
-                if getattr(module, "__dict__", None) is referrer:
-                    names = [key for key, value in referrer.items() if value is container]
-                    yield f"{names[0]!r} (global of {module.__name__})" if names else f"(in {module.__name__})"
-        elif hasattr(referrer, "__dict__") and not isinstance(referrer, type):
-            names = [key for key, value in vars(referrer).items() if value is container]
-            if names:
-                yield f"{names[0]!r} (attribute of {type(referrer).__name__})"
+            found += [(1, name) for name in _closure_names(referrer)]
+        elif isinstance(referrer, types.FrameType):
+            names = [name for name, value in referrer.f_locals.items() if value is container]
+            found += [(3, f"{name!r} (local of {referrer.f_code.co_name})") for name in names]
+        elif isinstance(getattr(referrer, "__dict__", None), dict) and not isinstance(referrer, type):
+            names = [key for key, value in referrer.__dict__.items() if value is container]
+            found += [(2, f"{name!r} (attribute of {type(referrer).__name__})") for name in names]
+    return min(found)[1] if found else ""
 
 
 def _closure_names(cell: types.CellType) -> Iterator[str]:

@@ -38,6 +38,7 @@ _ALLOCATION = re.compile(
 _DEVICE = re.compile(r"device:(?P<device>[A-Z_]+:\d+)")
 _ALLOCATOR = re.compile(r"by allocator (?P<allocator>[\w.]+)")
 _OP = re.compile(r"\[Op:(?P<op>[^\]\s]+)")
+_FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")  # where an eager op ran: noise here
 
 # Bytes per element of TensorFlow's type names (DataTypeString) that a tensor can have.
 _DTYPE_BYTES = {
@@ -58,7 +59,7 @@ class OutOfMemory:
     shape: tuple[int, ...] | None
     dtype: str | None
     op: str | None
-    message: str  # TensorFlow's own message, first line
+    message: str  # TensorFlow's own message: its first line, without the function-node prefix
 
     @property
     def requested_bytes(self) -> int | None:
@@ -90,6 +91,7 @@ def parse_oom(message: str) -> OutOfMemory:
             shape = None
     op = _OP.search(message)
     first_line = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    first_line = _FUNCTION_NODE.sub("", first_line).removesuffix(" name:")
     return OutOfMemory(
         device=device_match.group("device") if device_match else None,
         allocator=allocator,

@@ -20,7 +20,7 @@ from .records import TestRecord, record_from_report
 from .report import render_table, summary_rows
 
 # Feature modules, each a pytest plugin of its own (options, markers, hooks).
-pytest_plugins: list[str] = ["pytest_tfmem.gates", "pytest_tfmem.trace", "pytest_tfmem.isolate", "pytest_tfmem.journal", "pytest_tfmem.gpu", "pytest_tfmem.explain"]
+pytest_plugins: list[str] = ["pytest_tfmem.gates", "pytest_tfmem.trace", "pytest_tfmem.isolate", "pytest_tfmem.journal", "pytest_tfmem.gpu", "pytest_tfmem.explain", "pytest_tfmem.leak_marker"]
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()

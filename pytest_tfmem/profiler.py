@@ -38,8 +38,8 @@ class ProfilerCapture:
         except (self.tf.errors.AlreadyExistsError, self.tf.errors.UnavailableError) as error:
             self.status = BUSY
             self.message = (
-                f"TensorFlow's profiler was busy (another profiling session runs in this process: "
-                f"{error.message}); no profiler trace, the memory timeline was kept"
+                f"TensorFlow's profiler was busy ({type(error).__name__}: {error.message}); "
+                "no profiler trace, the memory timeline was kept"
             )
             return
         except Exception as error:  # a profiler that cannot start must not fail the test run

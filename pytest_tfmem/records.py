@@ -71,6 +71,12 @@ class TestRecord:
         return properties
 
 
+def republish(item: pytest.Item, record: TestRecord) -> None:
+    """Refresh the record already attached to the item's properties after a change to it."""
+    fresh = record.user_properties()[0]
+    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+
+
 def record_from_report(report: pytest.TestReport) -> TestRecord | None:
     """The record a report carries, with the report's outcome, or ``None``."""
     for name, value in report.user_properties:

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_text_atomic
-from .compare import IMPROVEMENT, NEW, REGRESSION, Comparison, comparisons_from_record, overall_status
+from .compare import (
+    IMPROVEMENT,
+    NEW,
+    REGRESSION,
+    Comparison,
+    comparisons_from_record,
+    overall_status,
+)
 from .records import TestRecord
 from .report import summary_rows
 from .units import format_size
@@ -203,5 +210,6 @@ def session_markdown(records: Sequence[TestRecord], *, top: int, notes: Sequence
     lines += [f"> {note}" for note in notes] + ([""] if notes else [])
     if moved:
         lines += ["Beyond tolerance of the baseline:", "", *markdown_table(comparison_rows(moved)), ""]
-    lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(summary_rows(records, top))]
-    return "\n".join(lines) + "\n"
+    if records:
+        lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(summary_rows(records, top))]
+    return "\n".join(lines).rstrip() + "\n"

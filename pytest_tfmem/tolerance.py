@@ -55,7 +55,7 @@ def parse_tolerance(value: object, what: str = "tolerance") -> Tolerance:
         return value
     problem = f"invalid {what} {value!r}: expected {TOLERANCE_FORMS}"
     if not isinstance(value, str):
-        raise ValueError(problem)
+        raise ValueError(problem)  # noqa: TRY004 - option and marker parsers report bad values as ValueError
     fraction: float | None = None
     size: int | None = None
     parts = [part.strip() for part in value.split("+")]

@@ -6,7 +6,7 @@ Layout under the trace root (``.tfmem/traces`` by default)::
       .gitignore                                  # "*": traces are not for version control
       2025-01-31_14-05-09.250_4242/               # one pytest session (start time, pid)
         tfmem-session.json                        # marks the folder as ours (rotation)
-        tests.test_train.py__test_fit[adam-64]/   # one traced test, a TensorBoard run
+        tests.test_train.py__test_fit@adam-64/    # one traced test, a TensorBoard run
 
 Test directory names are derived from node ids: readable, free of path separators and of
 leading dots, bounded in length, and made unique within the session by a numeric suffix.
@@ -28,20 +28,25 @@ from .atomic import write_text_atomic
 
 SESSION_MARKER = "tfmem-session.json"
 MAX_NAME_LENGTH = 120
-_UNSAFE = re.compile(r"[^A-Za-z0-9._\-\[\]=+,]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._\-=+,@]+")
 _DOTS = re.compile(r"\.{2,}")
 
 
 def readable_name(nodeid: str) -> str:
     """A directory name for a test: ``tests/test_fit.py::test_fit[adam-64]`` ->
-    ``tests.test_fit.py__test_fit[adam-64]``.
+    ``tests.test_fit.py__test_fit@adam-64``.
 
-    Path separators become dots, ``::`` becomes ``__``, other unsafe characters ``_``;
-    runs of dots collapse (so no ``..``) and leading dots go (no hidden or parent names).
+    Path separators become dots, ``::`` becomes ``__``, the parameter part's brackets an
+    ``@``; every other character outside ``A-Z a-z 0-9 . _ - = + , @`` becomes ``_`` (glob
+    characters such as ``[`` would break TensorBoard's profile plugin, which globs run paths).
+    Runs of dots collapse (so no ``..``) and leading dots go (no hidden or parent names).
     Names longer than ``MAX_NAME_LENGTH`` keep their start and end a hash of the full id.
     """
-    text = nodeid.replace("::", "__").replace("/", ".").replace("\\", ".")
-    text = _DOTS.sub(".", _UNSAFE.sub("_", text)).lstrip("._-") or "test"
+    base, bracket, parameters = nodeid.partition("[")
+    if bracket:
+        base += "@" + (parameters[:-1] if parameters.endswith("]") else parameters)
+    text = base.replace("::", "__").replace("/", ".").replace("\\", ".")
+    text = _DOTS.sub(".", _UNSAFE.sub("_", text)).lstrip("._-@") or "test"
     if len(text) > MAX_NAME_LENGTH:
         digest = hashlib.sha1(nodeid.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         text = f"{text[: MAX_NAME_LENGTH - 11].rstrip('.')}~{digest}"

@@ -72,7 +72,12 @@ def describe_signal(result: WatchResult) -> str:
     assert sig is not None
     cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
     if sig == signal.SIGKILL and result.oom_kills:
-        cause = f"the kernel's OOM killer (this cgroup's oom_kill count rose by {result.oom_kills})"
+        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {result.oom_kills})"
+    elif sig == signal.SIGKILL and result.oom_kills == 0:
+        cause = (
+            "SIGKILL is what the kernel's OOM killer sends when memory runs out, but this cgroup's "
+            "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"
+        )
     return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
 
 

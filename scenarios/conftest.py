@@ -1,7 +1,7 @@
 """Scenario suite glue: the ``scenario``/``variant`` markers and the side-by-side summary table.
 
-Each variant test carries ``@pytest.mark.variant(role, description)`` (role ``problem`` or
-``fix``) in a module marked ``pytestmark = pytest.mark.scenario(name)``. The variant rides on the
+Each variant test carries ``@pytest.mark.variant(role, description)`` (role ``problem``, ``fix``
+or ``no help`` for advice that saved nothing here) in a module marked ``pytestmark = pytest.mark.scenario(name)``. The variant rides on the
 test report (so pytest-xdist's controller sees it too) and is joined with the test's tfmem record
 at the end of the session into one table: per scenario, each variant's peak, its ratio to the
 problem's peak, its leak per iteration where a leak check ran, and the outcome.
@@ -21,12 +21,14 @@ from pytest_tfmem.units import format_size
 VARIANT_PROPERTY = "tfmem_scenario_variant"
 TABLE_PLUGIN = "tfmem-scenario-table"
 # How a failed check reads in the table's outcome column.
-CHECK_WORDS = {"budget": "over budget", "leak": "leak"}
+CHECK_WORDS = {"budget": "over budget", "leak": "leak", "kill_at": "killed at kill_at", "signal": "killed by a signal"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario(name): the scenario a module's tests belong to")
-    config.addinivalue_line("markers", "variant(role, description): a scenario's 'problem' or 'fix' variant")
+    config.addinivalue_line(
+        "markers", "variant(role, description): a scenario's variant; role 'problem', 'fix' or 'no help'"
+    )
     try:
         scenarios.scale()
     except ValueError as error:
@@ -100,26 +102,28 @@ def _peak(record: TestRecord | None) -> int | None:
 
 def _leak_per_iteration(record: TestRecord | None) -> str:
     leak = record.extra.get("leak") if record is not None else None
-    if not isinstance(leak, dict) or leak.get("growth_per_iteration") is None:
-        return "-"
-    return format_size(leak["growth_per_iteration"], signed=True)
+    growth = leak.get("growth_per_iteration") if isinstance(leak, dict) else None
+    return "-" if growth is None else format_size(growth, signed=True)
 
 
 def _outcome(report: pytest.TestReport, role: str) -> str:
     if hasattr(report, "wasxfail"):
-        return "caught"
+        return "no help" if role == "no help" else "caught"
     if report.passed:
         return "passed"
     if report.skipped:
         return "skipped"
-    if role == "problem" and "XPASS(strict)" in str(report.longrepr):
-        return "NOT CAUGHT"
+    if role != "fix" and "XPASS(strict)" in str(report.longrepr):
+        return "NOT CAUGHT" if role == "problem" else "SAVED MEMORY: update the README"
     return "FAILED"
 
 
 def _explain(outcome: str, record: TestRecord | None) -> str:
-    """``caught: over budget`` -- the checks that failed, in words."""
-    failed = [CHECK_WORDS.get(v.check, v.check) for v in record.failed_verdicts] if record is not None else []
-    if outcome in ("caught", "FAILED") and failed:
-        return f"{outcome}: {', '.join(failed)}"
-    return outcome
+    """``caught: over budget`` -- what failed, in words: failed checks, a leak found in the body."""
+    if record is None or outcome not in ("caught", "no help", "FAILED"):
+        return outcome
+    failed = [CHECK_WORDS.get(v.check, v.check) for v in record.failed_verdicts]
+    leak = record.extra.get("leak")
+    if isinstance(leak, dict) and leak.get("leaked") and "leak" not in failed:
+        failed.append("leak")  # raised by tfmem.assert_no_leak in the test body
+    return f"{outcome}: {', '.join(failed)}" if failed else outcome

@@ -8,51 +8,49 @@ from pytest_tfmem import BudgetExceeded
 
 from . import deep_model, scale
 
-pytestmark = [pytest.mark.scenario("2. deep model"), pytest.mark.usefixtures("keras_warmed_up")]
-# Measured at scale 1: float32 + Adam ~200 MB, mixed precision 210-240 MB; the fixes 35-105 MB.
+pytestmark = [pytest.mark.scenario("2. deep model: training"), pytest.mark.usefixtures("keras_warmed_up")]
+# Measured at scale 1: float32 + Adam ~200-250 MB, mixed precision 210-240 MB; the fixes 35-120 MB.
 TRAINING_BUDGET = f"{150 * scale()}MB"
 # Keras float32 model loaded + one batch ~75-105 MB; int8 TensorFlow Lite ~32 MB.
 INFERENCE_BUDGET = f"{50 * scale()}MB"
-training = pytest.mark.tfmem(budget=TRAINING_BUDGET)
-inference = pytest.mark.tfmem(budget=INFERENCE_BUDGET)
-stays_over_budget = pytest.mark.xfail(strict=True, raises=BudgetExceeded, reason="no memory saved on CPU")
+no_saving = pytest.mark.xfail(strict=True, raises=BudgetExceeded, reason="no memory saved on CPU")
 
 
-@pytest.mark.variant("problem", "training: float32 weights, Adam")
-@training
+@pytest.mark.variant("problem", "float32 weights, Adam")
+@pytest.mark.tfmem(budget=TRAINING_BUDGET)
 @pytest.mark.xfail(strict=True, raises=BudgetExceeded, reason="weights + gradients + 2 Adam slots")
 def test_problem_float32_adam():
     deep_model.problem_float32_adam()
 
 
-@pytest.mark.variant("fix", "training: a third of the width (1/9 of the parameters)")
-@training
+@pytest.mark.variant("fix", "a third of the width (1/9 of the parameters)")
+@pytest.mark.tfmem(budget=TRAINING_BUDGET)
 def test_fix_fewer_parameters():
     deep_model.fix_fewer_parameters()
 
 
-@pytest.mark.variant("fix", "training: bfloat16 weights (less precision)")
-@training
+@pytest.mark.variant("fix", "bfloat16 weights (less precision)")
+@pytest.mark.tfmem(budget=TRAINING_BUDGET)
 def test_fix_bfloat16_weights():
     deep_model.fix_bfloat16_weights()
 
 
-@pytest.mark.variant("fix", "training: SGD, no per-weight optimizer state")
-@training
+@pytest.mark.variant("fix", "SGD: no per-weight optimizer state")
+@pytest.mark.tfmem(budget=TRAINING_BUDGET)
 def test_fix_stateless_optimizer():
     deep_model.fix_stateless_optimizer()
 
 
-@pytest.mark.variant("no help", "training: mixed_float16 (float32 weights kept)")
-@training
-@stays_over_budget
+@pytest.mark.variant("no help", "mixed_float16 (keeps float32 weights)")
+@pytest.mark.tfmem(budget=TRAINING_BUDGET)
+@no_saving
 def test_no_help_mixed_float16():
     deep_model.no_help_mixed_float16()
 
 
-@pytest.mark.variant("no help", "training: mixed_bfloat16 (float32 weights kept)")
-@training
-@stays_over_budget
+@pytest.mark.variant("no help", "mixed_bfloat16 (keeps float32 weights)")
+@pytest.mark.tfmem(budget=TRAINING_BUDGET)
+@no_saving
 def test_no_help_mixed_bfloat16():
     deep_model.no_help_mixed_bfloat16()
 
@@ -62,15 +60,17 @@ def saved_model(tmp_path_factory: pytest.TempPathFactory):
     return deep_model.save_for_inference(tmp_path_factory.mktemp("deep_model"))
 
 
-@pytest.mark.variant("problem", "inference: float32 Keras model")
-@inference
-@pytest.mark.xfail(strict=True, raises=BudgetExceeded, reason="float32 weights, Keras predict machinery")
+@pytest.mark.scenario("2. deep model: inference")
+@pytest.mark.variant("problem", "float32 Keras model, predict")
+@pytest.mark.tfmem(budget=INFERENCE_BUDGET)
+@pytest.mark.xfail(strict=True, raises=BudgetExceeded, reason="float32 weights and Keras's predict machinery")
 def test_problem_float32_inference(saved_model):
     deep_model.problem_float32_inference(saved_model[0])
 
 
-@pytest.mark.variant("fix", "inference: int8 TensorFlow Lite (post-training quantization)")
-@inference
+@pytest.mark.scenario("2. deep model: inference")
+@pytest.mark.variant("fix", "int8 TensorFlow Lite (post-training quantization)")
+@pytest.mark.tfmem(budget=INFERENCE_BUDGET)
 @pytest.mark.filterwarnings("ignore:.*tf.lite.Interpreter is deprecated:UserWarning")
 def test_fix_quantized_inference(saved_model):
     deep_model.fix_quantized_inference(saved_model[1])

@@ -11,6 +11,12 @@ import pytest
 from pytest_tfmem.records import PROPERTY, TestRecord, record_from_report
 
 
+@pytest.fixture(autouse=True)
+def no_github_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner pytest runs would append their Markdown summary to the CI job's page."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
 def records_from_junit(path) -> dict[str, TestRecord]:
     """tfmem records by test name, read back from a ``--junitxml`` file."""
     records = {}

@@ -33,13 +33,18 @@ def test_traced():
 @pytest.mark.tfmem(budget="16MB", explain=True, trace="off")
 def test_untraced():
     predict_wide()
+
+@pytest.mark.tfmem(budget="16MB", explain=True, explain_mode="from-start", trace="off")
+def test_from_start():
+    predict_wide()
 """
 
 
+@pytest.mark.slow  # three traced TensorFlow runs in a fresh interpreter: ~30 s here
 def test_the_largest_tensor_is_listed_first_with_its_shape_and_size(run_subprocess_records, pytester: pytest.Pytester):
     pytester.makepyfile(test_wide=WIDE_MODEL)
     result, records = run_subprocess_records("--tfmem-trace-dir=traces")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines([
         "*- memory at the peak by TensorFlow op -*",
         "from the test's TensorBoard trace (its re-run by the trace feature)",
@@ -51,8 +56,13 @@ def test_the_largest_tensor_is_listed_first_with_its_shape_and_size(run_subproce
         "allocator *",
         "op * shape * dtype * count * MiB",
         "*wide*/* [[]2048,4096[]] * float * 1 * 32.0",
+        "*- memory at the peak by TensorFlow op -*",
+        "from TensorFlow's profiler during the test's own run",
+        "allocator *",
+        "op * shape * dtype * count * MiB",
+        "*wide*/* [[]2048,4096[]] * float * 1 * 32.0",
     ])
-    for name in ("test_traced", "test_untraced"):
+    for name in ("test_traced", "test_untraced", "test_from_start"):
         explanation = records[name].extra["explain"]
         allocator = explanation["tensorflow"]["allocators"][0]
         first = allocator["rows"][0]

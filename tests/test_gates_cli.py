@@ -102,12 +102,15 @@ def test_show_prints_every_test_heaviest_first(gate_files):
     assert done.returncode == EXIT_OK, done.stderr
     assert "3 tests measured: 0 over budget, 1 regression beyond tolerance" in done.stdout
     assert "report.json: created" in done.stdout.splitlines()[0]
-    rows = [line.split()[0] for line in done.stdout.splitlines() if line.startswith("test_suite.py::")]
+    tests_table, moved_table = done.stdout.split("beyond tolerance of the baseline")
+    rows = [line.split()[0] for line in tests_table.splitlines() if line.startswith("test_suite.py::")]
     assert rows == ["test_suite.py::test_grow", "test_suite.py::test_steady", "test_suite.py::test_new"]
+    moved = [line.split() for line in moved_table.splitlines() if line.startswith("test_suite.py::")]
+    assert [(row[0], row[-1]) for row in moved] == [("test_suite.py::test_grow", "regression")]
 
 
 def test_plot_writes_a_png_with_the_bars(gate_files):
-    image = pytest.importorskip("matplotlib.image")
+    from matplotlib import image
     done = tfmem(gate_files, "plot", "report.json", "-o", "memory.png")
     assert done.returncode == EXIT_OK, done.stderr
     assert done.stdout.strip() == "memory.png: 3 test(s) drawn"
@@ -120,7 +123,7 @@ def test_plot_writes_a_png_with_the_bars(gate_files):
     def share(colour: list[float]) -> float:
         return (abs(rgb - colour) < 0.02).all(axis=-1).mean()
 
-    assert share([0.122, 0.467, 0.706]) > 0.02  # blue bars: the tests within tolerance
+    assert share([0.122, 0.467, 0.706]) > 0.005  # blue bars: the tests within tolerance
     assert share([0.839, 0.153, 0.157]) > 0.01  # a red bar: the regression
 
 
@@ -133,5 +136,7 @@ def test_help_and_the_installed_console_script(gate_files):
     assert tfmem(gate_files).returncode == EXIT_BAD_INPUT  # no command: help on stderr
     script = shutil.which("tfmem")
     assert script, "the tfmem console script is not installed: pip install -e ."
-    done = subprocess.run([script, "compare", "base.json", "report.json"], cwd=gate_files, capture_output=True, text=True)
+    done = subprocess.run(
+        [script, "compare", "base.json", "report.json"], cwd=gate_files, capture_output=True, text=True, check=False
+    )
     assert done.returncode == EXIT_REGRESSION

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from gates_helpers import MB, load, outcomes, run, write_suite
+from gates_helpers import MB, REGRESSION_LINE, load, outcomes, run, suite_source, write_suite
 
 from pytest_tfmem.baseline import load_baseline
 
@@ -14,34 +19,49 @@ NODEIDS = {f"test_suite.py::test_{name}" for name in [*SUITE, "over_budget"]}
 OVER_BUDGET = {"over_budget": "@pytest.mark.tfmem(budget='10MB')"}
 
 
-@pytest.fixture(autouse=True)
-def no_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+@dataclass
+class GateRun:
+    folder: Path
+    output: str
+    returncode: int
+    report: dict
 
 
-def gate_run(pytester: pytest.Pytester, *workers: str, junit: str = "junit.xml") -> tuple[pytest.RunResult, dict]:
-    """Save a baseline, grow ``test_grow`` by half, compare at 10%: the whole gate, once."""
-    write_suite(pytester, {**SUITE, "over_budget": 30}, OVER_BUDGET)
-    run(pytester, *workers, "--tfmem-save-baseline=base.json", fresh_process=True).assert_outcomes(passed=3, failed=1)
-    write_suite(pytester, {**SUITE, "grow": 120, "over_budget": 30}, OVER_BUDGET)
-    result = run(
-        pytester,
-        *workers,
-        "--tfmem-baseline=base.json",
-        "--tfmem-tolerance=10%",
-        "--tfmem-report=report.json",
-        f"--junitxml={junit}",
-        fresh_process=True,
-    )
-    return result, load(pytester.path / "report.json")
+def gate_run(folder: Path, *workers: str) -> GateRun:
+    """Save a baseline, grow ``test_grow`` by half, compare at 10%: the whole gate, in fresh interpreters."""
+    environment = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
+
+    def pytest_run(sizes: dict[str, int], *args: str) -> subprocess.CompletedProcess:
+        (folder / "test_suite.py").write_text(suite_source(sizes, OVER_BUDGET))
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *workers, "test_suite.py", *args],
+            cwd=folder, env=environment, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    saved = pytest_run({**SUITE, "over_budget": 30}, "--tfmem-save-baseline=base.json")
+    assert saved.returncode == pytest.ExitCode.TESTS_FAILED, saved.stdout  # over_budget fails
+    done = pytest_run(
+        {**SUITE, "grow": 120, "over_budget": 30},
+        "--tfmem-baseline=base.json", "--tfmem-tolerance=10%", "--tfmem-report=report.json", "--junitxml=junit.xml",
+    )  # fmt: skip
+    return GateRun(folder, done.stdout, done.returncode, load(folder / "report.json"))
 
 
-def test_json_report_follows_the_documented_schema(pytester):
-    result, report = gate_run(pytester)
-    result.assert_outcomes(passed=2, failed=2)
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
+    return gate_run(tmp_path_factory.mktemp("serial"))
+
+
+@pytest.fixture(scope="module")
+def parallel(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
+    return gate_run(tmp_path_factory.mktemp("xdist"), "-n", "2")
+
+
+def test_json_report_follows_the_documented_schema(serial):
+    report = serial.report
+    assert serial.returncode == report["exitstatus"] == pytest.ExitCode.TESTS_FAILED
     assert report["format"] == "pytest-tfmem-report" and report["version"] == 1
-    assert report["exitstatus"] == 1
-    assert report["baseline"] == {"path": str(pytester.path / "base.json"), "tolerance": "10%"}
+    assert report["baseline"] == {"path": str(serial.folder / "base.json"), "tolerance": "10%"}
     assert report["environment"]["python"] and "platform" in report["environment"]
     assert report["summary"] == {
         "tests": 4, "passed": 2, "failed": 2, "over_budget": 1,
@@ -57,13 +77,14 @@ def test_json_report_follows_the_documented_schema(pytester):
     assert figures["current"] == grow["measurement"]["peak"]
     assert 1.4 < figures["current"] / figures["baseline"] < 1.6
     assert [v["check"] for v in grow["verdicts"] if not v["ok"]] == ["baseline"]
-    assert tests["test_suite.py::test_over_budget"]["budget"] == 10 * MB
+    over_budget = tests["test_suite.py::test_over_budget"]
+    assert over_budget["budget"] == 10 * MB
+    assert over_budget["extra"]["baseline"]["status"] == "not in baseline"  # it failed when the baseline was saved
 
 
-def test_junit_xml_has_each_tests_peak_properties(pytester):
-    _, report = gate_run(pytester)
-    peaks = {t["nodeid"].split("::")[1]: t["measurement"]["peak"] for t in report["tests"]}
-    cases = {case.get("name"): case for case in ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")}
+def test_junit_xml_has_each_tests_peak_properties(serial):
+    peaks = {t["nodeid"].split("::")[1]: t["measurement"]["peak"] for t in serial.report["tests"]}
+    cases = {case.get("name"): case for case in ET.parse(serial.folder / "junit.xml").getroot().iter("testcase")}
     assert set(cases) == set(peaks)
     for name, case in cases.items():
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
@@ -74,25 +95,24 @@ def test_junit_xml_has_each_tests_peak_properties(pytester):
     assert int(budget.get("value")) == 10 * MB
 
 
-def test_xdist_gives_one_report_with_every_test_and_the_same_verdicts(pytester):
-    serial_result, serial = gate_run(pytester)
-    parallel_result, parallel = gate_run(pytester, "-n", "2", junit="junit-xdist.xml")
-    parallel_result.stdout.fnmatch_lines(["*2 workers*"])
-    parallel_result.assert_outcomes(passed=2, failed=2)
-    assert outcomes(parallel) == outcomes(serial) == {
+def test_xdist_gives_one_report_with_every_test_and_the_same_verdicts(serial, parallel):
+    assert "2 workers" in parallel.output
+    assert outcomes(parallel.report) == outcomes(serial.report) == {
         "test_suite.py::test_grow": "failed",
         "test_suite.py::test_over_budget": "failed",
         "test_suite.py::test_steady": "passed",
         "test_suite.py::test_other": "passed",
     }
-    assert parallel["summary"] == serial["summary"]
-    for result in (serial_result, parallel_result):  # the order of failures differs under xdist
-        result.stdout.fnmatch_lines(["*test_grow - pytest_tfmem.errors.MemoryRegression*"])
-        result.stdout.fnmatch_lines(["*test_over_budget - pytest_tfmem.errors.BudgetExceeded*"])
-    # the controller saved a baseline holding the passed tests of both workers
-    saved = load_baseline(pytester.path / "base.json")
+    assert parallel.report["summary"] == serial.report["summary"]
+    for run_ in (serial, parallel):
+        assert "FAILED test_suite.py::test_grow - pytest_tfmem.errors.MemoryRegression" in run_.output
+        assert "FAILED test_suite.py::test_over_budget - pytest_tfmem.errors.BudgetExceeded" in run_.output
+        assert REGRESSION_LINE.search(run_.output)
+    # the controller saved one baseline holding the passed tests of both workers
+    saved = load_baseline(parallel.folder / "base.json")
     assert set(saved.tests) == {"test_suite.py::test_grow", "test_suite.py::test_steady", "test_suite.py::test_other"}
-    cases = ET.parse(pytester.path / "junit-xdist.xml").getroot().iter("testcase")
+    cases = list(ET.parse(parallel.folder / "junit.xml").getroot().iter("testcase"))
+    assert len(cases) == 4
     assert all(case.find("properties/property[@name='tfmem_peak_bytes']") is not None for case in cases)
 
 

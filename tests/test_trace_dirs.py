@@ -13,10 +13,10 @@ from pytest_tfmem import tracedirs
     ("nodeid", "name"),
     [
         ("tests/test_fit.py::test_fit", "tests.test_fit.py__test_fit"),
-        ("tests/test_fit.py::test_fit[adam-64]", "tests.test_fit.py__test_fit[adam-64]"),
-        ("test_fit.py::TestFit::test_fit[0.5-x=1]", "test_fit.py__TestFit__test_fit[0.5-x=1]"),
-        ("test_a.py::test_b[with space/and*glob?]", "test_a.py__test_b[with_space.and_glob_]"),
-        ("test_a.py::test_b[caf\u00e9]", "test_a.py__test_b[caf_]"),
+        ("tests/test_fit.py::test_fit[adam-64]", "tests.test_fit.py__test_fit@adam-64"),
+        ("test_fit.py::TestFit::test_fit[0.5-x=1]", "test_fit.py__TestFit__test_fit@0.5-x=1"),
+        ("test_a.py::test_b[with space/and*glob?[x]]", "test_a.py__test_b@with_space.and_glob_x_"),
+        ("test_a.py::test_b[caf\u00e9]", "test_a.py__test_b@caf_"),
     ],
 )
 def test_node_ids_become_readable_directory_names(nodeid: str, name: str) -> None:
@@ -41,7 +41,7 @@ def test_node_ids_become_readable_directory_names(nodeid: str, name: str) -> Non
 def test_hostile_node_ids_stay_inside_the_session_directory(tmp_path, nodeid: str) -> None:
     session = tmp_path / "session"
     name = tracedirs.readable_name(nodeid)
-    assert "/" not in name and "\\" not in name and "\0" not in name
+    assert not set(name) & set("/\\\0*?[]{}")  # no separators, no glob characters
     assert not name.startswith(".") and ".." not in name
     assert 0 < len(name) <= tracedirs.MAX_NAME_LENGTH
     created = tracedirs.create_unique_dir(session, name)
@@ -52,7 +52,7 @@ def test_hostile_node_ids_stay_inside_the_session_directory(tmp_path, nodeid: st
 def test_long_names_keep_their_start_and_differ_by_a_hash() -> None:
     first = tracedirs.readable_name("test_a.py::test_b[" + "x" * 300 + "1]")
     second = tracedirs.readable_name("test_a.py::test_b[" + "x" * 300 + "2]")
-    assert first.startswith("test_a.py__test_b[xxx") and second.startswith("test_a.py__test_b[xxx")
+    assert first.startswith("test_a.py__test_b@xxx") and second.startswith("test_a.py__test_b@xxx")
     assert first != second
     assert len(first) == len(second) == tracedirs.MAX_NAME_LENGTH
 
@@ -63,7 +63,7 @@ def test_colliding_names_are_made_unique(tmp_path) -> None:
     assert name_a == name_b  # two ids, one sanitised name
     first = tracedirs.create_unique_dir(tmp_path, name_a)
     second = tracedirs.create_unique_dir(tmp_path, name_b)
-    assert (first.name, second.name) == ("test_a.py__test_b[x.y]", "test_a.py__test_b[x.y]-2")
+    assert (first.name, second.name) == ("test_a.py__test_b@x.y", "test_a.py__test_b@x.y-2")
 
 
 def test_rotation_keeps_the_newest_sessions_and_never_touches_other_folders(tmp_path) -> None:

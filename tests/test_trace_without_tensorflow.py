@@ -1,28 +1,31 @@
 """Traces of failing tests, options and rotation, on tests that do not load TensorFlow.
 
-These run pytest in-process: without TensorFlow a trace holds the memory timeline
+Without TensorFlow a trace holds the memory timeline
 (TensorBoard scalars, ``timeline.png``, ``summary.json``) and says that no profiler ran.
 The TensorFlow profiler part is covered by ``test_trace_tensorflow.py``.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import shlex
 
-import matplotlib  # noqa: F401  # loaded here once: in-process pytester runs unload what they import
+import matplotlib.figure  # noqa: F401  # loaded here once: in-process pytester runs unload what they import
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.summary import Writer  # noqa: F401  # (same reason)
+import tensorboard.plugins.scalar.metadata  # noqa: F401  # (same reason)
+import tensorboard.summary.writer.record_writer  # noqa: F401  # (same reason)
+from trace_helpers import TracedRun, read_scalars, run_pytest
 
 from pytest_tfmem import tracedirs
 
 NUMPY_TESTS = """
+import time
+
 import numpy as np
 import pytest
 
 def hold(megabytes):
     block = np.ones(megabytes * 2**20 // 8)
+    time.sleep(0.1)  # long enough for the timeline sampler to see the block
     return float(block.sum())
 
 @pytest.mark.tfmem(budget="200MB")
@@ -50,79 +53,64 @@ def test_expected_to_fail():
 """
 
 
-def only_session(root: Path) -> Path:
+def only_session(root):
     sessions = tracedirs.session_dirs(root)
     assert len(sessions) == 1, sessions
     return sessions[0]
 
 
-def section(output: str, test_name: str) -> list[str]:
-    """The ``tfmem trace`` report section of one failing test, as lines."""
-    block = output.split(f"_ {test_name} _", 1)[1]
-    lines = block.split(" tfmem trace ", 1)[1].splitlines()[1:]
-    return lines[: next(i for i, line in enumerate(lines) if line.startswith("open it:")) + 1]
+@pytest.fixture(scope="module")
+def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
+    """One session shared by the checks below: passing, failing, untraced, always-traced, xfail."""
+    run = run_pytest(tmp_path_factory.mktemp("numpy"), {"test_numpy.py": NUMPY_TESTS}, "--tfmem-trace=on-failure")
+    assert "3 failed, 2 passed, 1 xfailed" in run.output, run.output
+    return run
 
 
-@pytest.fixture
-def numpy_run(pytester: pytest.Pytester):
-    pytester.makepyfile(test_numpy=NUMPY_TESTS)
-    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=on-failure")
-    result.assert_outcomes(passed=2, failed=3, xfailed=1)
-    return result, pytester.path / ".tfmem" / "traces"
-
-
-def test_only_failing_tests_and_always_traced_tests_leave_a_directory(numpy_run) -> None:
-    _, root = numpy_run
-    names = sorted(p.name for p in tracedirs.traced_tests(only_session(root)))
-    assert names == [
-        "test_numpy.py__test_over_budget[40]",
-        "test_numpy.py__test_over_budget[60]",
+def test_only_failing_tests_and_always_traced_tests_leave_a_directory(numpy_run: TracedRun) -> None:
+    assert numpy_run.traced() == [
+        "test_numpy.py__test_over_budget@40",
+        "test_numpy.py__test_over_budget@60",
         "test_numpy.py__test_passes_traced",
     ]
 
 
-def test_the_failure_report_ends_with_the_directory_and_the_tensorboard_command(numpy_run) -> None:
-    result, root = numpy_run
-    directory = only_session(root) / "test_numpy.py__test_over_budget[40]"
-    shown = str(directory.relative_to(root.parent.parent))  # relative to where pytest ran
-    lines = section(result.stdout.str(), "test_over_budget[40]")
+def test_the_failure_report_ends_with_the_directory_and_the_tensorboard_command(numpy_run: TracedRun) -> None:
+    shown = (numpy_run.session / "test_numpy.py__test_over_budget@40").relative_to(numpy_run.directory)
+    lines = numpy_run.section("test_over_budget[40]")
     assert lines[0].startswith("traced: the test was re-run once")
     assert lines[2] == "profile: TensorFlow is not loaded: no profiler trace"
     assert lines[-2] == f"trace directory: {shown}"
-    assert lines[-1] == f"open it: tensorboard --logdir '{shown}'"
-    assert f"tensorboard --logdir {only_session(root).relative_to(root.parent.parent)}" in result.stdout.str()
+    assert lines[-1] == f"open it: tensorboard --logdir {shown}"
+    assert f"open them: tensorboard --logdir {numpy_run.session.relative_to(numpy_run.directory)}" in numpy_run.output
 
 
-def test_the_summary_keeps_the_verdict_and_the_traced_run_apart(numpy_run) -> None:
-    _, root = numpy_run
-    directory = only_session(root) / "test_numpy.py__test_over_budget[60]"
-    summary = json.loads((directory / "summary.json").read_text())
+def test_the_summary_keeps_the_verdict_and_the_traced_run_apart(numpy_run: TracedRun) -> None:
+    directory = numpy_run.session / "test_numpy.py__test_over_budget@60"
+    summary = numpy_run.summary(directory.name)
     assert summary["traced"] == "re-run once after the failure"
     assert summary["verdict"]["budget_bytes"] == 20_000_000
     assert summary["verdict"]["failed"][0].startswith("peak ")
     assert summary["verdict"]["peak_bytes"] > 55 * 2**20  # the untraced run held 60 MiB
     assert summary["traced_run"]["peak"] > 55 * 2**20  # so did the re-run
     assert summary["profiler"] == {"status": "not-loaded", "message": "TensorFlow is not loaded: no profiler trace", "files": []}
-    assert summary["tensorboard"] == f"tensorboard --logdir '{directory}'"
+    assert summary["tensorboard"] == f"tensorboard --logdir {shlex.quote(str(directory))}"
     assert (directory / "output.txt").read_text() == "--- stdout ---\nallocating 60\n"
 
 
-def test_the_timeline_is_a_tensorboard_scalar_series_and_a_png(numpy_run) -> None:
-    _, root = numpy_run
-    directory = only_session(root) / "test_numpy.py__test_over_budget[60]"
-    events = EventAccumulator(str(directory))
-    events.Reload()
-    assert sorted(events.Tags()["scalars"]) == ["memory/budget_mib", "memory/host_rss_mib"]
-    host = events.Scalars("memory/host_rss_mib")
-    assert host[0].step == 0 and host[0].value == 0.0  # starts at the test's starting level
-    assert max(point.value for point in host) > 55  # MiB: the 60 MiB block shows up
-    assert [point.value for point in events.Scalars("memory/budget_mib")] == pytest.approx([20e6 / 2**20] * 2)
+def test_the_timeline_is_a_tensorboard_scalar_series_and_a_png(numpy_run: TracedRun) -> None:
+    directory = numpy_run.session / "test_numpy.py__test_over_budget@60"
+    scalars = read_scalars(directory)
+    assert sorted(scalars) == ["memory/budget_mib", "memory/host_rss_mib"]
+    host = scalars["memory/host_rss_mib"]
+    assert host[0] == (0, 0.0)  # step 0 ms, at the test's starting level
+    assert max(value for _, value in host) > 55  # MiB: the 60 MiB block shows up
+    assert [value for _, value in scalars["memory/budget_mib"]] == pytest.approx([20e6 / 2**20] * 2)
     assert (directory / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_an_always_traced_test_says_its_figures_were_measured_while_tracing(numpy_run) -> None:
-    _, root = numpy_run
-    summary = json.loads((only_session(root) / "test_numpy.py__test_passes_traced" / "summary.json").read_text())
+def test_an_always_traced_test_says_its_figures_were_measured_while_tracing(numpy_run: TracedRun) -> None:
+    summary = numpy_run.summary("test_numpy.py__test_passes_traced")
     assert summary["traced"] == "the test's own run"
     assert summary["verdict"]["measured_while_tracing"] is True
     assert summary["verdict"]["failed"] == []
@@ -130,25 +118,27 @@ def test_an_always_traced_test_says_its_figures_were_measured_while_tracing(nump
 
 def test_without_tensorflow_the_default_writes_nothing(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_numpy=NUMPY_TESTS)
-    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2, failed=3, xfailed=1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-k", "not passes_traced")  # (its marker asks for a trace)
+    result.assert_outcomes(passed=1, failed=3, xfailed=1)
     assert not (pytester.path / ".tfmem" / "traces").exists()
 
 
 def test_ini_values_choose_mode_directory_and_rotation(pytester: pytest.Pytester) -> None:
-    pytester.makeini("[pytest]\ntfmem_trace = on-failure\ntfmem_trace_dir = ci/traces\ntfmem_trace_keep = 2\n")
+    pytester.makeini("[pytest]\ntfmem_trace = on-failure\ntfmem_trace_dir = ci/traces\ntfmem_trace_keep = 1\n")
     pytester.makepyfile(test_numpy=NUMPY_TESTS)
-    for _ in range(3):
+    for _ in range(2):
         pytester.runpytest("-p", "no:cacheprovider", "-k", "test_over_budget and 40").assert_outcomes(failed=1)
     sessions = tracedirs.session_dirs(pytester.path / "ci" / "traces")
-    assert len(sessions) == 2
-    assert all(p.name == "test_numpy.py__test_over_budget[40]" for s in sessions for p in tracedirs.traced_tests(s))
+    assert len(sessions) == 1
+    assert all(p.name == "test_numpy.py__test_over_budget@40" for s in sessions for p in tracedirs.traced_tests(s))
 
 
-def test_the_command_line_overrides_the_ini_and_off_writes_nothing(pytester: pytest.Pytester) -> None:
+def test_the_command_line_overrides_the_ini_and_the_marker_overrides_both(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\ntfmem_trace = always\n")
     pytester.makepyfile(test_numpy=NUMPY_TESTS)
     pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=off").assert_outcomes(passed=2, failed=3, xfailed=1)
-    assert not (pytester.path / ".tfmem").exists()
+    session = only_session(pytester.path / ".tfmem" / "traces")
+    assert [p.name for p in tracedirs.traced_tests(session)] == ["test_numpy.py__test_passes_traced"]
 
 
 def test_hostile_parametrize_ids_cannot_leave_the_trace_directory(pytester: pytest.Pytester) -> None:
@@ -165,9 +155,10 @@ def test_hostile_parametrize_ids_cannot_leave_the_trace_directory(pytester: pyte
     pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=on-failure").assert_outcomes(failed=2)
     session = only_session(pytester.path / ".tfmem" / "traces")
     names = sorted(p.name for p in tracedirs.traced_tests(session))
-    assert names[0] == "test_ids.py__test_hostile[.escaped]"
-    assert names[1].startswith("test_ids.py__test_hostile[aaaa") and len(names[1]) == tracedirs.MAX_NAME_LENGTH
-    assert sorted(p.name for p in pytester.path.iterdir()) == [".tfmem", "test_ids.py"]
+    assert names[0] == "test_ids.py__test_hostile@.escaped"
+    assert names[1].startswith("test_ids.py__test_hostile@aaaa") and len(names[1]) == tracedirs.MAX_NAME_LENGTH
+    outside = [p for p in pytester.path.parent.rglob("*escaped*") if session not in p.parents]
+    assert outside == []
 
 
 @pytest.mark.parametrize(

@@ -45,14 +45,13 @@ def make_step(leak_bytes):
     return step
 
 
-def check_with_tfmem(step):
-    from pytest_tfmem.leaks import assert_no_leak
-
+def check_with_tfmem(step, request):
+    tfmem = request.getfixturevalue("tfmem")  # pytest-tfmem's fixture (the plugin is off for the others)
     max_growth = os.environ["TFMEM_BENCH_MAX_GROWTH"]
-    assert_no_leak(step, iterations=ITERATIONS, warmup=WARMUP, max_growth=max_growth)
+    tfmem.assert_no_leak(step, iterations=ITERATIONS, warmup=WARMUP, max_growth=max_growth)
 
 
-def check_with_memray(step):
+def check_with_memray(step, request):
     # limit_leaks (added by the benchmark plugin) judges what the test leaves allocated.
     for _ in range(WARMUP + ITERATIONS):
         step()
@@ -67,7 +66,7 @@ def count_objects_by_type(exclude=None):
     return counts
 
 
-def check_by_object_count(step):
+def check_by_object_count(step, request):
     """TensorFlow's ``assert_no_new_pyobjects_executing_eagerly`` idea, by hand: warm up,
     count gc-tracked objects by type, run, count again; any type that grew fails."""
     for _ in range(WARMUP):
@@ -85,5 +84,5 @@ CHECKS = {"tfmem-leak": check_with_tfmem, "memray-leaks": check_with_memray, "ob
 
 @pytest.mark.parametrize("run", range(RUNS))
 @pytest.mark.parametrize("leak_mb", LEAK_SIZES_MB)
-def test_leak(leak_mb, run):
-    CHECKS[os.environ["TFMEM_BENCH_CONTENDER"]](make_step(int(leak_mb * 10**6)))
+def test_leak(request, leak_mb, run):
+    CHECKS[os.environ["TFMEM_BENCH_CONTENDER"]](make_step(int(leak_mb * 10**6)), request)

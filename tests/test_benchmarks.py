@@ -1,0 +1,100 @@
+"""The benchmark harness (``benchmarks/run.py``): its workloads run and its tables render.
+
+These check the harness, not the numbers: the sizes are the smallest that exercise every
+contender. The README's table comes from a full run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+if str(REPOSITORY) not in sys.path:  # benchmarks/ sits beside the package, it is not installed
+    sys.path.insert(0, str(REPOSITORY))
+
+from benchmarks import tables  # noqa: E402
+from benchmarks.contenders import LEAK_MEMRAY, LEAK_TFMEM_TIGHT  # noqa: E402
+from benchmarks.runner import Job, JobResult  # noqa: E402
+
+
+def run_benchmarks(*arguments: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPOSITORY / "benchmarks" / "run.py"), *arguments],
+        capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY,
+    )
+
+
+def table_row(markdown: str, first_cell: str) -> list[str]:
+    for line in markdown.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no table row starting with {first_cell!r} in:\n{markdown}")
+
+
+def test_spike_workload_runs_under_every_contender_and_renders(tmp_path):
+    output = tmp_path / "bench.md"
+    completed = run_benchmarks("--quick", "--workloads", "spike", "--runs", "1", "--output", str(output))
+    assert completed.returncode == 0, completed.stderr
+    markdown = output.read_text()
+    assert markdown.strip() == completed.stdout.strip()
+    header = table_row(markdown, "250 MB living 5 ms")
+    caught = dict(zip(header, table_row(markdown, "runs whose peak includes the spike")))
+    assert caught["no plugin"] == tables.NOT_A_PEAK
+    assert caught["pytest-tfmem"] == "1/1"  # the kernel's high-water mark misses nothing
+    assert caught["pytest-memray `limit_memory`"] == "1/1"
+    assert caught["memory_profiler 0.1 s"] in ("0/1", "1/1")
+    assert "- spike caught in every run: 1/1, met" in markdown
+    assert "rep 1/1 spike: spike.py / memory_profiler 0.01 s" in completed.stderr  # progress on stderr
+    assert "2 cores" in markdown or "cores (" in markdown  # the machine is described
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [(["--workloads", "spike,nope"], "nope"), (["--repeat", "0"], "--repeat"), (["--runs", "-2"], "--runs")],
+)
+def test_bad_arguments_are_usage_errors_naming_the_value(arguments, named):
+    completed = run_benchmarks(*arguments, timeout=60)
+    assert completed.returncode == 2
+    assert named in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_a_failure_that_is_not_the_verdict_counts_as_an_error_not_a_detection():
+    def line(test: str, outcome: str, message: str = "") -> dict:
+        return {"test": test, "outcome": outcome, "seconds": 0.5, "peak": None, "message": message}
+
+    leak_job = Job("leaks", "leaks.py", LEAK_TFMEM_TIGHT)
+    results = tables.Results([JobResult(leak_job, [
+        line("test_leak[0-0]", "passed"),
+        line("test_leak[0.25-0]", "failed", "LeakDetected: tfmem: leak: +244.0 KiB per iteration"),
+        line("test_leak[0.25-1]", "failed", "ZeroDivisionError: division by zero"),
+    ])], {})
+    figures = tables.leak_figures(results, LEAK_TFMEM_TIGHT)
+    assert figures.caught[0.25] == (1, 2, 1)
+    assert figures.smallest_always_caught is None
+    assert "1/2 (1 errors)" in "\n".join(tables.leak_section(results))
+    assert tables.leak_figures(results, LEAK_MEMRAY).caught[0.25] == (0, 0, 0)  # another contender's runs
+
+
+@pytest.mark.slow
+def test_every_workload_runs_and_every_table_renders(tmp_path):
+    completed = run_benchmarks("--quick", timeout=900)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    markdown = completed.stdout
+    for heading in ("**Overhead**", "**Spike capture**", "**Order independence**", "**Leak sensitivity**",
+                    "**Isolation cost**", "**Targets**"):
+        assert heading in markdown
+    keras = table_row(markdown, "small Keras fit (TensorFlow), median of 1 tests")
+    assert all(cell.endswith("s") or "%)" in cell for cell in keras[1:]), keras
+    # fresh-process reference of 300 MB of small numpy arrays: about 286 MiB
+    reference = table_row(markdown, "**numpy heap: 300 MB of 100 KB arrays**")
+    assert reference[2].endswith("MiB") and 250 < float(reference[2].split()[0]) < 320, reference
+    tight = table_row(markdown, LEAK_TFMEM_TIGHT.label)
+    assert tight[1] == "0/2" and tight[2] == "2/2", tight  # no false positive; 0.25 MB/iteration caught
+    assert "errors" not in "\n".join(line for line in markdown.splitlines() if line.startswith("| "))
+    assert table_row(markdown, "tests importing TensorFlow (1 tests)")[3].endswith(" s")

@@ -1,0 +1,106 @@
+"""The scenario suite guards itself: a broken fix or a problem that is no longer caught fails it.
+
+Each test copies ``scenarios/`` into a temporary directory, breaks one thing in the copy the way
+a user's change would, and runs pytest on it in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+NO_CACHE = ("-p", "no:cacheprovider", "--tfmem-trace=off")
+
+
+def copy_scenarios(pytester: pytest.Pytester) -> Path:
+    target = pytester.path / "scenarios"
+    shutil.copytree(SCENARIOS, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    """Replace the one occurrence of ``old``: fails loudly if the scenario changed shape."""
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path.name} no longer contains exactly one {old!r}"
+    path.write_text(text.replace(old, new))
+
+
+def test_a_fix_that_no_longer_streams_fails_the_suite(pytester: pytest.Pytester):
+    copy = copy_scenarios(pytester)
+    edit(copy / "large_dataset.py", "return train_one_epoch(streamed_dataset(directory, samples))",
+         "return train_one_epoch(in_memory_dataset(directory, samples))")
+
+    result = pytester.runpytest_subprocess("scenarios/test_large_dataset.py", "-k", "test_problem or test_fix",
+                                          *NO_CACHE)
+
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=1, xfailed=1)
+    result.stdout.fnmatch_lines([
+        "*tfmem scenarios: problem vs fix*",
+        "1. large dataset",
+        "  problem: numpy arrays + from_tensor_slices * caught: over budget",
+        "  fix: streamed from shard files (from_generator) * FAILED: over budget",
+    ])
+    result.stdout.fnmatch_lines(["tfmem: peak * > budget 114.4 MiB (host RSS *"])
+
+
+def test_a_problem_that_is_no_longer_caught_fails_the_suite(pytester: pytest.Pytester):
+    copy = copy_scenarios(pytester)
+    edit(copy / "test_large_dataset.py", 'BUDGET = "120MB"', 'BUDGET = "4GB"')
+
+    result = pytester.runpytest_subprocess("scenarios/test_large_dataset.py", "-k", "test_problem", *NO_CACHE)
+
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "  problem: numpy arrays + from_tensor_slices * NOT CAUGHT",
+    ])
+    result.stdout.fnmatch_lines(["[[]XPASS(strict)[]] the whole dataset is in memory, twice"])
+
+
+@pytest.mark.slow
+def test_a_loop_fix_without_its_essential_line_fails_the_suite(pytester: pytest.Pytester):
+    copy = copy_scenarios(pytester)
+    edit(copy / "looped_models.py", "model = _build_and_fit(samples, run_eagerly=True)",
+         "model = _build_and_fit(samples)")
+
+    result = pytester.runpytest_subprocess("scenarios/test_looped_models.py", "-k", "fit_eagerly", *NO_CACHE)
+
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "  fix: fit eagerly (run_eagerly=True) + clear_session() * FAILED: leak",
+    ])
+    result.stdout.fnmatch_lines(["*LeakDetected: tfmem: leak: +* per iteration > max_growth*"])
+
+
+def test_a_bad_scale_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    copy_scenarios(pytester)
+    monkeypatch.setenv("TFMEM_SCENARIO_SCALE", "huge")
+
+    result = pytester.runpytest_subprocess("scenarios", "--collect-only", *NO_CACHE)
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*invalid TFMEM_SCENARIO_SCALE 'huge': expected a number above 0 and at most 100*"])
+
+
+@pytest.mark.slow
+def test_the_scenario_suite_passes_a_4GB_budget_and_prints_all_five_scenarios(pytester: pytest.Pytester):
+    copy_scenarios(pytester)
+
+    result = pytester.runpytest_subprocess("scenarios", "--tfmem-budget=4GB", *NO_CACHE)
+
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([
+        "*tfmem scenarios: problem vs fix*",
+        "scenario / variant * peak * vs problem * leak/iter * outcome",
+        "1. large dataset", "*caught: over budget", "*passed",
+        "2. deep model: inference", "*caught: over budget", "*passed",
+        "2. deep model: training", "*caught: over budget", "*passed", "*no help: over budget",
+        "3. big batch", "*caught: over budget", "*passed",
+        "4. looped models", "*caught: leak", "*no help: leak", "*passed",
+        "5. killed", "*caught: killed at kill_at", "*passed",
+    ])

@@ -1,0 +1,80 @@
+"""Helpers for the trace tests: one shared pytest run per module, and readers for what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tensorboard.compat.proto import event_pb2
+from tensorboard.util import tensor_util
+
+from pytest_tfmem import tracedirs
+
+
+@dataclass
+class TracedRun:
+    """A pytest session run in a fresh interpreter, and its trace session directory."""
+
+    directory: Path
+    returncode: int
+    output: str
+
+    @property
+    def root(self) -> Path:
+        return self.directory / ".tfmem" / "traces"
+
+    @property
+    def session(self) -> Path:
+        sessions = tracedirs.session_dirs(self.root)
+        assert len(sessions) == 1, sessions
+        return sessions[0]
+
+    def traced(self) -> list[str]:
+        return sorted(p.name for p in tracedirs.traced_tests(self.session))
+
+    def summary(self, name: str) -> dict[str, Any]:
+        return json.loads((self.session / name / "summary.json").read_text())
+
+    def section(self, test_name: str) -> list[str]:
+        """The ``tfmem trace`` report section of one failing test, as lines."""
+        block = self.output.split(f"_ {test_name} _", 1)[1]
+        lines = block.split(" tfmem trace ", 1)[1].splitlines()[1:]
+        return lines[: next(i for i, line in enumerate(lines) if line.startswith("open it:")) + 1]
+
+
+def run_pytest(directory: Path, files: dict[str, str], *args: str, timeout: float = 300) -> TracedRun:
+    """Write ``files`` into ``directory`` and run ``python -m pytest`` there, in a new interpreter.
+
+    Used by module-scoped fixtures, so that several checks share one run (``pytester`` is
+    function-scoped); the run is the same as ``pytester.runpytest_subprocess``'s.
+    """
+    (directory / "pytest.ini").write_text("[pytest]\n")
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=directory, capture_output=True, text=True, timeout=timeout, env={**os.environ, "COLUMNS": "200"},
+    )
+    return TracedRun(directory, completed.returncode, completed.stdout + completed.stderr)
+
+
+def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    """Scalar series of the directory's event file, read record by record (TFRecord framing:
+    length, its CRC, the ``Event`` proto, its CRC) without loading TensorFlow."""
+    (path,) = directory.glob("events.out.tfevents.*")
+    data, offset, series = path.read_bytes(), 0, {}
+    while offset < len(data):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+        offset += 12 + length + 4
+        for value in event.summary.value:
+            if value.metadata.plugin_data.plugin_name:
+                assert value.metadata.plugin_data.plugin_name == "scalars"
+            series.setdefault(value.tag, []).append((event.step, float(tensor_util.make_ndarray(value.tensor))))
+    return series
