@@ -3,8 +3,10 @@
 For each test it writes one JSON line to ``$TFMEM_BENCH_RESULTS``: the test's name, outcome,
 the first line of its failure, the **test time** (from the start of the call phase to the
 moment the call report is ready, so a tool's work around the body and its report-time
-analysis both count; fixture set-up, collection and imports do not) and the peak the
-contender named by ``$TFMEM_BENCH_CONTENDER`` reported:
+analysis both count; fixture set-up, collection and imports do not), the CPU time spent in
+that span (user + system, this process and the children it waited for: steadier than wall
+time on a shared machine) and the peak the contender named by ``$TFMEM_BENCH_CONTENDER``
+reported:
 
 - ``tfmem``: the ``tfmem_peak_bytes`` property pytest-tfmem puts on the report;
 - ``memray``: the peak pytest-memray recorded for the test (what ``limit_memory`` compares),
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from collections.abc import Generator
 from typing import Any
@@ -47,7 +50,7 @@ class BenchRecorder:
         self.contender = contender
         self.results_path = results_path
         self.interval = interval
-        self.call_started: dict[str, float] = {}
+        self.call_started: dict[str, tuple[float, float]] = {}
         self.sampled_peak: dict[str, int] = {}
 
     @pytest.hookimpl(trylast=True)
@@ -62,7 +65,7 @@ class BenchRecorder:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        self.call_started[item.nodeid] = time.perf_counter()
+        self.call_started[item.nodeid] = (time.perf_counter(), _cpu_seconds())
         return (yield)
 
     @pytest.hookimpl(tryfirst=True)
@@ -84,11 +87,12 @@ class BenchRecorder:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call" or report.nodeid not in self.call_started:
             return
-        seconds = time.perf_counter() - self.call_started.pop(report.nodeid)
+        wall_started, cpu_started = self.call_started.pop(report.nodeid)
         line: dict[str, Any] = {
             "test": report.nodeid.split("::")[-1],
             "outcome": report.outcome,
-            "seconds": seconds,
+            "seconds": time.perf_counter() - wall_started,
+            "cpu_seconds": _cpu_seconds() - cpu_started,
             "peak": self._peak(report),
             "message": _failure_summary(report) if report.failed else "",
         }
@@ -107,6 +111,11 @@ class BenchRecorder:
         if self.interval is not None:
             return self.sampled_peak.pop(report.nodeid, None)
         return None
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _failure_summary(report: pytest.TestReport) -> str:

@@ -3,17 +3,19 @@
     python benchmarks/isolation_overhead.py [--tests 6] [--repeats 3]
 
 Runs two workloads as real ``pytest`` sessions, in process and isolated, and prints the
-median wall time of each session, and the isolated session's extra time per test. A plain
+median wall time and CPU time (user + system, of pytest and every process it started) of
+each session, and the isolated session's extra time per test. A plain
 test costs a fresh interpreter that imports pytest, its plugins and the test module; a TF
 test adds TensorFlow's import and runtime start-up, paid once per session in process but
 once per test isolated. The machine's load average is printed with the numbers: on a
-shared machine, compare the ratio rather than the seconds.
+shared machine the CPU time is the steadier figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,18 +44,27 @@ def test_tf(run):
 }
 
 
-def session_seconds(directory: Path, *options: str) -> float:
+def session_seconds(directory: Path, *options: str) -> tuple[float, float]:
+    """Wall and CPU seconds of one pytest session (CPU: user + system of it and its children)."""
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tfmem-budget=4GB", *options],
+        check=False,
         cwd=directory,
         capture_output=True,
         text=True,
     )
     elapsed = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode != 0:
         raise SystemExit(f"pytest failed in {directory}:\n{completed.stdout[-3000:]}")
-    return elapsed
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    return elapsed, cpu
+
+
+def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    return statistics.median(wall for wall, _ in runs), statistics.median(cpu for _, cpu in runs)
 
 
 def main() -> None:
@@ -62,15 +73,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="sessions per variant; the median is shown (default 3)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'workload':<11} {'in process':>11} {'isolated':>10} {'extra per isolated test':>24}")
+    print(f"{args.tests} tests per session; wall / CPU seconds, median of {args.repeats}")
+    print(f"{'workload':<11} {'in process':>16} {'isolated':>16} {'extra per isolated test':>26}")
     for name, source in WORKLOADS.items():
         with tempfile.TemporaryDirectory(prefix=f"tfmem-isolation-{name}-") as directory:
             path = Path(directory)
             (path / f"test_{name}.py").write_text(source.replace("{tests}", str(args.tests)))
-            in_process = statistics.median(session_seconds(path) for _ in range(args.repeats))
-            isolated = statistics.median(session_seconds(path, "--tfmem-isolate") for _ in range(args.repeats))
-        per_test = (isolated - in_process) / args.tests
-        print(f"{name:<11} {in_process:>10.2f}s {isolated:>9.2f}s {per_test:>23.2f}s")
+            wall, cpu = medians([session_seconds(path) for _ in range(args.repeats)])
+            wall_isolated, cpu_isolated = medians([session_seconds(path, "--tfmem-isolate") for _ in range(args.repeats)])
+        extra_wall, extra_cpu = (wall_isolated - wall) / args.tests, (cpu_isolated - cpu) / args.tests
+        print(
+            f"{name:<11} {wall:>7.2f} / {cpu:>5.2f}s {wall_isolated:>7.2f} / {cpu_isolated:>5.2f}s "
+            f"{extra_wall:>14.2f} / {extra_cpu:>5.2f}s"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

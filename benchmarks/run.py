@@ -24,16 +24,16 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``pytest_tfmem`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import machine, tables  # noqa: E402
-from benchmarks.contenders import (  # noqa: E402
+from benchmarks import machine, tables
+from benchmarks.contenders import (
     ISOLATION_CONTENDERS,
     LEAK_CONTENDERS,
     MEASURING_CONTENDERS,
     PEAK_CONTENDERS,
     Contender,
 )
-from benchmarks.runner import Job, JobResult, Runner  # noqa: E402
-from pytest_tfmem.atomic import write_text_atomic  # noqa: E402
+from benchmarks.runner import Job, Runner, WorkloadError
+from pytest_tfmem.atomic import write_text_atomic
 
 SECTIONS = ("overhead", "spike", "order", "leaks", "isolation")
 
@@ -107,22 +107,22 @@ def run_all(steps: list[tuple[int, Job | tuple[str, str]]], repeat: int) -> tabl
 def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, command: str, header: list[str]) -> str:
     repetitions = f"{sizes.repeat} repetition" + ("s" if sizes.repeat > 1 else "")
     lines = [*header, f"Command: `{command}` ({repetitions}).", ""]
-    if "overhead" in sections:
-        lines += ["**Overhead**: test time (call phase start to report ready; imports, collection and "
-                  "fixtures excluded), median, and change against no plugin.", "", *tables.overhead_section(results), ""]
-    if "spike" in sections:
-        lines += ["**Spike capture**: a 250 MB array living 5 ms; a run counts when the reported peak "
-                  f"is at least {tables.SPIKE_CAUGHT / 1e6:.0f} MB.", "", *tables.spike_section(results), ""]
-    if "order" in sections:
-        lines += ["**Order independence**: the test's peak alone and after a heavier test (medians), "
-                  "and the relative error against its peak alone in a fresh interpreter.", "",
-                  *tables.order_section(results), ""]
-    if "leaks" in sections:
-        lines += ["**Leak sensitivity**: runs flagged as leaking, of the runs made; each run is 3 warm-up "
-                  "and 10 measured iterations of the step.", "", *tables.leak_section(results), ""]
-    if "isolation" in sections:
-        lines += ["**Isolation cost**: whole pytest sessions (median), in-process against "
-                  "`--tfmem-isolate`.", "", *tables.isolation_section(results), ""]
+    titles = {
+        "overhead": ("**Overhead**: test time (call phase start to report ready; imports, collection and "
+                     "fixtures excluded), median, and change against no plugin."),
+        "spike": ("**Spike capture**: a 250 MB array living 5 ms; a run counts when the reported peak is at "
+                  f"least {tables.SPIKE_CAUGHT / 1e6:.0f} MB."),
+        "order": ("**Order independence**: the test's peak alone and after a heavier test (medians), and the "
+                  "relative error against its peak alone in a fresh interpreter."),
+        "leaks": ("**Leak sensitivity**: runs flagged as leaking, of the runs made; each run is 3 warm-up and 10 "
+                  "measured iterations of the step."),
+        "isolation": "**Isolation cost**: whole pytest sessions (median), in-process against `--tfmem-isolate`.",
+    }
+    renderers = {"overhead": tables.overhead_section, "spike": tables.spike_section, "order": tables.order_section,
+                 "leaks": tables.leak_section, "isolation": tables.isolation_section}
+    for section in SECTIONS:
+        if section in sections:
+            lines += [titles[section], "", *renderers[section](results), ""]
     targets = tables.target_lines(results)
     if targets:
         lines += ["**Targets**", "", *targets, ""]
@@ -164,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     load_before = os.getloadavg()
     started = time.perf_counter()
-    results = run_all(plan(arguments.sections, sizes), sizes.repeat)
+    try:
+        results = run_all(plan(arguments.sections, sizes), sizes.repeat)
+    except WorkloadError as error:
+        print(f"benchmarks: {error}", file=sys.stderr)
+        return 1
     header = machine.header_lines(datetime.date.today(), time.perf_counter() - started, load_before, os.getloadavg())
     markdown = render(results, arguments.sections, sizes, command.strip(), header)
     print(markdown)

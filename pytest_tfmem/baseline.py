@@ -79,8 +79,8 @@ class BaselineEntry:
     @classmethod
     def from_record(cls, record: TestRecord) -> BaselineEntry:
         assert record.measurement is not None
-        leak = record.extra.get("leak")  # a leak check's LeakReport.to_dict(): "growth" is bytes/iteration
-        slope = leak.get("growth") if isinstance(leak, dict) else None
+        leak = record.extra.get("leak")  # a leak check's ``LeakReport.to_dict()``
+        slope = leak.get("growth_per_iteration") if isinstance(leak, dict) else None
         return cls(
             peak=record.measurement.peak,
             views={view.view: view.increase for view in record.measurement.views},

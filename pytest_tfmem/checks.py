@@ -17,15 +17,18 @@ class Verdict:
     message: str
 
 
+def view_label(view: str) -> str:
+    """``host`` -> ``host RSS``, ``tf:CPU:0`` -> ``TF CPU:0 allocator``, ``nvml:1`` -> ``GPU 1 (NVML)``."""
+    if view == "host":
+        return "host RSS"
+    if view.startswith("nvml:"):  # NVML: this process's memory on a GPU
+        return f"GPU {view[5:]} (NVML)"
+    return f"TF {view[3:]} allocator"
+
+
 def describe_views(measurement: Measurement) -> str:
     """``host RSS 598.0 MiB, TF CPU:0 allocator 540.0 MiB``: where the memory went."""
-    parts = []
-    for view in measurement.views:
-        label = "host RSS" if view.view == "host" else f"TF {view.view[3:]} allocator"
-        if view.view.startswith("nvml:"):  # NVML: this process's memory on a GPU
-            label = f"GPU {view.view[5:]} (NVML)"
-        parts.append(f"{label} {format_size(view.increase)}")
-    return ", ".join(parts)
+    return ", ".join(f"{view_label(view.view)} {format_size(view.increase)}" for view in measurement.views)
 
 
 def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None:

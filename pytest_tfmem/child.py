@@ -94,7 +94,9 @@ class ChildRun:
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
         self.config: pytest.Config | None = None
-        self._events = open(spec.events, "a", buffering=1)  # line-buffered: each event reaches the file
+        # Open for the whole run (closed at session finish), line-buffered: each event
+        # reaches the file as it is written, so a kill loses nothing already written.
+        self._events = open(spec.events, "a", buffering=1)  # noqa: SIM115
 
     def _write(self, event: dict[str, Any]) -> None:
         self._events.write(json.dumps(event) + "\n")

@@ -87,7 +87,8 @@ def add_compare(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tolerance",
         type=_option_type(parse_tolerance, "--tolerance value"),
-        help=f"{TOLERANCE_FORMS}; default: each test's marker tolerance, else the report's, else {DEFAULT_TOLERANCE}",
+        help=f"{TOLERANCE_FORMS}; default: each test's marker tolerance, else the report's, else "
+        f"{DEFAULT_TOLERANCE}".replace("%", "%%"),  # argparse %-formats help
     )
     parser.add_argument("--markdown", action="store_true", help="print Markdown (for a pull-request comment)")
     parser.add_argument("--all", action="store_true", help="list every test, not only those beyond tolerance or new")
@@ -231,7 +232,7 @@ def add_last(subparsers: argparse._SubParsersAction) -> None:
 def run_last(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .journal import describe_last, find_results
+    from .journal_reader import describe_last, find_results
 
     path = Path(args.results) if args.results else find_results()
     if path is None:

@@ -11,6 +11,8 @@ import platform
 from importlib import metadata
 from typing import Any
 
+from .probes.nvml import Nvml
+
 # Distributions whose version changes memory figures; key in the environment -> distribution.
 _PACKAGES = {"tensorflow": "tensorflow", "keras": "keras", "tf_keras": "tf-keras", "numpy": "numpy"}
 
@@ -35,23 +37,16 @@ def _cpu_model() -> str:
 
 
 def _gpu_names() -> list[str]:
-    """GPU names through NVML (nvidia-ml-py, the ``gpu`` extra); empty without it or a driver."""
-    try:
-        import pynvml
-    except ImportError:
+    """GPU names through NVML (the ``gpu`` extra); empty without it, a driver or a GPU."""
+    nvml, _ = Nvml.open()
+    if nvml is None:
         return []
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
+        return [device.name for device in nvml.devices()]
+    except nvml.error:
         return []
-    try:
-        names = []
-        for index in range(pynvml.nvmlDeviceGetCount()):
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
-            names.append(name.decode() if isinstance(name, bytes) else name)
-        return names
     finally:
-        pynvml.nvmlShutdown()
+        nvml.close()
 
 
 def current_environment() -> dict[str, Any]:

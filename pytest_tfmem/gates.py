@@ -18,6 +18,7 @@ from . import __version__, errors, plugin, settings
 from .atomic import write_text_atomic
 from .baseline import Baseline, BaselineError, load_baseline, save_baseline
 from .checks import Verdict
+from .child import IN_CHILD
 from .compare import (
     IMPROVEMENT,
     NEW,
@@ -100,7 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
+    """An xdist worker or an isolated test's process: only the session's main process writes."""
+    return hasattr(config, "workerinput") or IN_CHILD in config.stash
 
 
 class CiGates:

@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator, MutableMapping
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from . import oom, plugin, settings
-from .checks import Verdict
+from .checks import Verdict, view_label
 from .errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
 from .measure import TRACKER_PROVIDERS, Measurement, PeakTracker
 from .probes import tf as tf_probe
@@ -102,13 +102,13 @@ def pytest_configure(config: pytest.Config) -> None:
 # -- checks --------------------------------------------------------------------------------
 
 
-def gpu_views(measurement: Measurement) -> tuple[str, list[tuple[str, int]]]:
-    """The views a GPU budget reads: TF's GPU allocators, else NVML's per-GPU process memory."""
-    for prefix, kind in (("tf:GPU", "TF"), ("nvml:", "NVML")):
+def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
+    """``(view, increase)`` a GPU budget reads: TF's GPU allocators, else NVML's per-GPU views."""
+    for prefix in ("tf:GPU", "nvml:"):
         views = [(v.view, v.increase) for v in measurement.views if v.view.startswith(prefix)]
         if views:
-            return kind, views
-    return "", []
+            return views
+    return []
 
 
 def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | None:
@@ -116,15 +116,12 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     without a budget or without any GPU view (no GPU: nothing to check)."""
     if budget is None:
         return None
-    kind, views = gpu_views(measurement)
+    views = gpu_views(measurement)
     if not views:
         return None
     peak = max(increase for _, increase in views)
     relation = ">" if peak > budget else "<="
-    labels = ", ".join(
-        f"TF {name[3:]} allocator {format_size(increase)}" if kind == "TF" else f"GPU {name[5:]} (NVML) {format_size(increase)}"
-        for name, increase in views
-    )
+    labels = ", ".join(f"{view_label(name)} {format_size(increase)}" for name, increase in views)
     return Verdict(CHECK, peak <= budget, f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})")
 
 
@@ -155,12 +152,27 @@ def apply_gpu_limit(tf: ModuleType, runtime_started: bool, limit: int) -> str:
     return ""
 
 
-def enable_memory_growth(environ: dict[str, str] | Any) -> bool:
+def enable_memory_growth(environ: MutableMapping[str, str]) -> bool:
     """Set ``TF_FORCE_GPU_ALLOW_GROWTH=true`` unless the user set it; True if tfmem set it."""
     if GROWTH_VARIABLE in environ:
         return False
     environ[GROWTH_VARIABLE] = "true"
     return True
+
+
+def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str]) -> list[str]:
+    """Lines under the summary table: why there are no NVML (or no GPU) views, NVML's
+    problems, GPU budgets that had nothing to check."""
+    notes = []
+    views = {v.view for r in records if r.measurement for v in r.measurement.views}
+    if not any(view.startswith("nvml:") for view in views):
+        what = "NVML views" if any(view.startswith("tf:GPU") for view in views) else "GPU views"
+        notes.append(f"no {what}: {nvml_reason()}")
+    notes += sorted({problem for r in records for problem in r.extra.get(EXTRA, {}).get("problems", ())})
+    unchecked = [r for r in records if "unchecked_gpu_budget" in r.extra.get(EXTRA, {})]
+    if unchecked:
+        notes.append(f"GPU budget not checked in {len(unchecked)} test(s): no GPU memory view")
+    return notes
 
 
 def _expects(item: pytest.Item, error: BaseException) -> bool:
@@ -185,7 +197,6 @@ class DeviceMemory:
         self.set_growth = values["gpu_memory_growth"] and enable_memory_growth(os.environ)
         # Memory growth is read when TF initialises its GPUs: too late if that already happened.
         self.growth_too_late = self.set_growth and tf_probe.runtime_started()
-        self.pynvml: Any = None  # the pynvml module; None imports the real one
         self.nvml: Nvml | None = None
         self.nvml_note = ""
         self._nvml_trackers: list[PeakTracker] | None = None
@@ -196,7 +207,7 @@ class DeviceMemory:
     def nvml_trackers(self) -> list[PeakTracker]:
         """The NVML trackers of every window (opened at the first one, then the same ones)."""
         if self._nvml_trackers is None:
-            self.nvml, self.nvml_note = Nvml.open(self.pynvml)
+            self.nvml, self.nvml_note = Nvml.open()
             sources = process_sources(self.nvml) if self.nvml is not None else []
             self._nvml_trackers = [PeakTracker(source) for source in sources]
             if sources and self.interval > 0:
@@ -241,10 +252,10 @@ class DeviceMemory:
 
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         arguments = item.stash.get(plugin.ARGUMENTS, {})
-        budget = arguments["gpu_budget"] if "gpu_budget" in arguments else self.budget
+        budget = arguments.get("gpu_budget", self.budget)  # the marker's None exempts
         assert record.measurement is not None
         section = self._nvml_section()
-        if budget is not None and not gpu_views(record.measurement)[1]:
+        if budget is not None and not gpu_views(record.measurement):
             section["unchecked_gpu_budget"] = budget
         if section:
             record.extra[EXTRA] = section
@@ -277,25 +288,13 @@ class DeviceMemory:
         records = plugin.manager(self.config).records
         if not records:
             return
-        for line in self.summary_notes(records):
+        for line in summary_notes(records, self._nvml_reason):
             terminalreporter.write_line(f"tfmem: {line}")
-
-    def summary_notes(self, records: list[TestRecord]) -> list[str]:
-        """One line on GPU views when there are none, NVML's problems, unchecked GPU budgets."""
-        notes = []
-        if not any(v.view.startswith(("tf:GPU", "nvml:")) for r in records if r.measurement for v in r.measurement.views):
-            notes.append(f"no GPU views: {self._nvml_reason()}")
-        problems = {p for r in records for p in r.extra.get(EXTRA, {}).get("problems", ())}
-        notes += sorted(problems)
-        unchecked = [r for r in records if "unchecked_gpu_budget" in r.extra.get(EXTRA, {})]
-        if unchecked:
-            notes.append(f"GPU budget not checked in {len(unchecked)} test(s): no GPU memory view")
-        return notes
 
     def _nvml_reason(self) -> str:
         """Why NVML gave no view; a controller under xdist measured nothing, so it asks now."""
         if self._nvml_trackers is None:
-            nvml, self.nvml_note = Nvml.open(self.pynvml)
+            nvml, self.nvml_note = Nvml.open()
             if nvml is not None:
                 nvml.close()
                 self.nvml_note = f"NVML sees {nvml.device_count} GPU(s) but no test was measured on them"

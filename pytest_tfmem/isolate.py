@@ -12,12 +12,11 @@ that test with the signal, the readings and the memory available; the session go
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +27,21 @@ from . import plugin, settings
 from .checks import Verdict
 from .child import IN_CHILD, ChildSpec, read_events
 from .errors import FAILURE_BY_CHECK, TfmemFailure
-from .measure import Measurement, ViewReading
+from .isolation_results import (
+    add_isolated_numbers,
+    complete,
+    death_message,
+    isolated_rows,
+    isolated_section,
+    output_excerpt,
+    reissue_warnings,
+    sampled_measurement,
+)
 from .probes import system
-from .records import PROPERTY, TestRecord, record_from_report
+from .records import TestRecord, record_from_report
 from .report import render_table
 from .units import SIZE_FORMS, format_size
-from .watchdog import WatchResult, Watchdog, describe_signal, downsample
+from .watchdog import Watchdog, WatchResult
 
 PLUGIN_NAME = "tfmem-isolation"
 WATCH_INTERVAL_S = 0.02
@@ -114,8 +122,8 @@ class TfmemIsolation:
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
         arguments = item.stash.get(plugin.ARGUMENTS, {})
-        kill_at = arguments["kill_at"] if "kill_at" in arguments else self.kill_at
-        isolate = arguments["isolate"] if "isolate" in arguments else (self.isolate or kill_at is not None)
+        kill_at = arguments.get("kill_at", self.kill_at)
+        isolate = arguments.get("isolate", self.isolate or kill_at is not None)
         return IsolationPolicy(kill_at) if isolate else None
 
     def _above_limit(self, what: str, size: int | None) -> str | None:
@@ -198,17 +206,20 @@ class TfmemIsolation:
             )
             result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
         events = read_events(Path(spec.events))
-        _reissue_warnings(events)
+        reissue_warnings(events)
         reports = [
             self.config.hook.pytest_report_from_serializable(config=self.config, data=event["report"])
             for event in events
             if event["event"] == "report"
         ]
-        isolated = _isolated_section(result, events, reports)
+        isolated = isolated_section(result, events, reports)
         for report in reports:
-            _add_isolated_numbers(report, isolated)
-        if not _complete(reports):
-            output = _output_excerpt(workdir / "output.log", OUTPUT_LINES)
+            add_isolated_numbers(report, isolated)
+        if not complete(reports):
+            # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
+            # before reporting usually does (Python's fault report, an error message).
+            sigkilled = result.returncode == -signal.SIGKILL
+            output = "" if sigkilled else output_excerpt(workdir / "output.log", OUTPUT_LINES)
             reports += self._died_reports(item, policy, reports, events, result, isolated, output)
         return reports
 
@@ -230,10 +241,10 @@ class TfmemIsolation:
             phase = "call"
         else:
             phase = "teardown"
-        check, message = self._death_message(policy, events, result)
+        check, message = death_message(policy.kill_at, events, result, self.limit)
         record = TestRecord(
             item.nodeid,
-            _sampled_measurement(result, isolated["call_start_rss"]),
+            sampled_measurement(result, isolated["call_start_rss"], WATCH_INTERVAL_S),
             budget=plugin.manager(self.config).budget_for(item),
             verdicts=[Verdict(check, False, message)],
             extra={"isolated": isolated},
@@ -258,30 +269,6 @@ class TfmemIsolation:
             )
         return died
 
-    def _death_message(
-        self, policy: IsolationPolicy, events: list[dict[str, Any]], result: WatchResult
-    ) -> tuple[str, str]:
-        available = (
-            f"available memory {format_size(result.available_at_end)} of {format_size(self.limit.bytes)} "
-            f"({self.limit.source})"
-        )
-        readings = "\n".join(result.summary_lines())
-        if result.killed_at_limit:
-            assert policy.kill_at is not None
-            head = (
-                f"tfmem: killed at kill_at {format_size(policy.kill_at)}: the isolated test's process tree "
-                f"reached {format_size(result.last_rss)} after {result.elapsed_s:.2f} s"
-            )
-            return "kill_at", f"{head}\n{readings}\n{available}"
-        if result.signal is not None:
-            return "signal", f"tfmem: the isolated test's process was {describe_signal(result)}\n{readings}\n{available}"
-        problems = [event["text"] for event in events if event["event"] == "collect_error"]
-        if any(event["event"] == "not_collected" for event in events):
-            problems.append("the isolated process did not collect this test")
-        detail = "\n".join(problems)
-        head = f"tfmem: the isolated test's process exited with code {result.returncode} before reporting the test"
-        return "died", "\n".join(part for part in (head, detail, readings) if part)
-
     # -- the summary of isolated tests ------------------------------------------------------
 
     @pytest.hookimpl
@@ -301,142 +288,9 @@ class TfmemIsolation:
             terminalreporter.write_line(line)
 
 
-def isolated_rows(records: list[TestRecord]) -> list[list[str]]:
-    """test, in-process method's peak, the child's peak increase, its absolute peak, wall time, result."""
-    rows = [["test", "peak (views)", "process peak increase", "process peak", "child wall", "result"]]
-    for record in records:
-        isolated = record.extra["isolated"]
-        rows.append(
-            [
-                record.nodeid,
-                format_size(record.measurement.peak) if record.measurement else "-",
-                format_size(isolated.get("process_peak_increase")),
-                format_size(isolated["process_peak"]),
-                f"{isolated['wall_s']:.2f} s",
-                isolated.get("death") or record.outcome or "",
-            ]
-        )
-    return rows
-
-
-def _complete(reports: list[pytest.TestReport]) -> bool:
-    return any(report.when == "teardown" for report in reports)
-
-
-def _isolated_section(
-    result: WatchResult, events: list[dict[str, Any]], reports: list[pytest.TestReport]
-) -> dict[str, Any]:
-    """The numbers of an isolated run that go into the record's ``extra["isolated"]``.
-
-    ``process_peak`` is the child's peak RSS over the test body, exact: the kernel's
-    high-water mark (reset when the body starts) read when the body ends, folded with the
-    record's own host peak, which survives resets by nested ``tfmem.measure()`` windows.
-    For a child that died in the body it is the kernel's figure for the dead child
-    (``wait4``) or the watchdog's sampled figure for its tree, whichever is higher.
-    """
-    call = next((event for event in events if event["event"] == "call"), None)
-    call_end = next((event for event in events if event["event"] == "call_end"), None)
-    call_start_rss = call["rss"] if call else None
-    host_peak = 0
-    for report in reports:
-        record = record_from_report(report) if report.when == "call" else None
-        host_view = record.measurement.view("host") if record and record.measurement else None
-        if host_view is not None:
-            host_peak = host_view.peak
-            call_start_rss = host_view.start  # exact, taken after freed memory was released
-    if call_end is not None:
-        process_peak = max(call_end["peak_rss"], host_peak)
-    else:
-        process_peak = max(result.process_maxrss, result.peak_rss)
-    death = None
-    if result.killed_at_limit:
-        death = "killed at kill_at"
-    elif result.signal is not None:
-        death = f"killed by {result.signal.name}"
-    return {
-        "process_peak": process_peak,
-        "call_start_rss": call_start_rss,
-        "process_peak_increase": None if call_start_rss is None else max(0, process_peak - call_start_rss),
-        "tree_peak_sampled": result.peak_rss,
-        "tree_last_sampled": result.last_rss,
-        "wall_s": round(result.elapsed_s, 3),
-        "kill_at": result.kill_at,
-        "returncode": result.returncode,
-        "death": death,
-        "timeline": [[round(t, 3), rss] for t, rss in downsample(result.timeline, 200)],
-    }
-
-
-def _add_isolated_numbers(report: pytest.TestReport, isolated: dict[str, Any]) -> None:
-    """Add the isolated run's numbers to the record the child attached to a report (the
-    call and teardown reports carry it), and a section to the call report."""
-    properties: list[tuple[str, object]] = []
-    for name, value in report.user_properties:
-        if name == PROPERTY and isinstance(value, str):
-            data = json.loads(value)
-            data["extra"]["isolated"] = isolated
-            value = json.dumps(data, sort_keys=True)
-        properties.append((name, value))
-        if name == PROPERTY:
-            properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
-    report.user_properties = properties
-    if report.when != "call":
-        return
-    increase = format_size(isolated["process_peak_increase"])
-    report.sections.append(
-        (
-            "tfmem isolated",
-            f"child process peak RSS {format_size(isolated['process_peak'])} "
-            f"({increase} above its level when the test body started); child wall time {isolated['wall_s']:.2f} s",
-        )
-    )
-
-
-def _sampled_measurement(result: WatchResult, call_start_rss: int | None) -> Measurement | None:
-    """What the watchdog saw of a test that died: sampled, so not exact."""
-    if call_start_rss is None or not result.timeline:
-        return None
-    peak = max(result.peak_rss, result.process_maxrss)
-    view = ViewReading("host", call_start_rss, max(peak, call_start_rss), result.last_rss)
-    note = f"the test died: its process tree was sampled every {WATCH_INTERVAL_S * 1000:.0f} ms by the watchdog"
-    return Measurement((view,), result.elapsed_s, exact=False, notes=(note,))
-
-
 def _evaluate_xfail(item: pytest.Item) -> None:
     """Let ``@pytest.mark.xfail(raises=KilledAtLimit)`` apply to a report made here, as it
     would have in the child (pytest evaluates xfail marks during set-up, which ran there)."""
     from _pytest import skipping  # no public API for this
 
     item.stash[skipping.xfailed_key] = skipping.evaluate_xfail_marks(item)
-
-
-def _reissue_warnings(events: list[dict[str, Any]]) -> None:
-    """Warnings the child recorded for the test, issued again here so the summary shows them."""
-    for event in events:
-        if event["event"] != "warning":
-            continue
-        category = _warning_category(event["category"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.warn_explicit(event["message"], category, event["filename"], event["lineno"])
-
-
-def _warning_category(qualified_name: str) -> type[Warning]:
-    module_name, _, name = qualified_name.rpartition(".")
-    module = sys.modules.get(module_name)
-    category = getattr(module, name, None)
-    return category if isinstance(category, type) and issubclass(category, Warning) else UserWarning
-
-
-def _output_excerpt(path: Path, lines: int) -> str:
-    """The child's last output lines; from a crash, the start of Python's fault report
-    (``Fatal Python error``: the failing thread's innermost frames come first)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    fatal = next((i for i, line in enumerate(text) if "Fatal Python error" in line), None)
-    if fatal is None:
-        return "\n".join(text[-lines:])
-    text[fatal] = text[fatal][text[fatal].index("Fatal Python error") :]
-    return "\n".join(text[fatal : fatal + lines])

@@ -2,11 +2,11 @@
 
 ``GrowthTracker.observe()`` runs after the baseline and after each measured iteration (after
 ``gc.collect()``) and counts gc-visible Python objects by type, the size of TensorFlow's eager
-function library and the traces in it per ``tf.function``, and Keras's name counters. Such a
-quantity is reported when it rose at *every* step: a cache filled once is not a trend. The
-lengths of lists/dicts/sets/deques are compared once, baseline against the end, so a
-container that gains items (numpy arrays, which gc does not track, included) is named with
-what holds it.
+function library and its functions by name (``tf.function`` traces among them), and Keras's
+name counters. Such a quantity is reported when it rose at *every* step: a cache filled once
+is not a trend. The lengths of lists/dicts/sets/deques are compared once, baseline against
+the end, so a container that gains items (numpy arrays, which gc does not track, included)
+is named with what holds it.
 
 Nothing here imports TensorFlow or Keras: their state is read only once user code loaded them.
 """
@@ -17,19 +17,23 @@ import collections
 import gc
 import re
 import sys
-import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from typing import Any
 
+from .leak_holders import container_label, last_items
+
 _CONTAINERS = (list, dict, set, collections.deque)
 _OWN_MODULE = __name__.rsplit(".", 1)[0]  # "pytest_tfmem": its own bookkeeping is not a leak
 _SHOWN_TYPES = 10
-_INFERENCE = re.compile(r"^__inference_(.+)_\d+$")  # a tf.function trace in the function library
+_NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
+_TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
+_SHOWN_FUNCTIONS = 3
 _TYPE_MODULE = type.__dict__["__module__"]
 _TYPE_QUALNAME = type.__dict__["__qualname__"]
-_SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the largest few
+_SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the first few
+_LAST_RANK = 4  # of _type_rank: builtins
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class LeakDiagnosis:
     types: tuple[Growth, ...] = ()
     containers: tuple[Growth, ...] = ()
     function_library: Growth | None = None
+    library_functions: tuple[Growth, ...] = ()  # library names (numbers stripped) that grew
     keras_names: tuple[Growth, ...] = ()
     retracing: tuple[Growth, ...] = ()
 
@@ -68,6 +73,7 @@ class LeakDiagnosis:
             types=growths("types"),
             containers=growths("containers"),
             function_library=Growth(**library) if library else None,
+            library_functions=growths("library_functions"),
             keras_names=growths("keras_names"),
             retracing=growths("retracing"),
         )
@@ -81,7 +87,10 @@ class LeakDiagnosis:
             library = self.function_library
             growth = library.per_iteration
             text = f"{library.signed()} functions per iteration" if growth > 0 else "no growth"
-            rows.append(("TF function library", f"{text} ({library.start} -> {library.end})"))
+            text += f" ({library.start} -> {library.end})"
+            if self.library_functions:
+                text += ", e.g. " + _list_growths(self.library_functions, _SHOWN_FUNCTIONS, "names")
+            rows.append(("TF function library", text))
         if self.keras_names:
             rows.append(("Keras name counters", ", ".join(f"{g.signed()} {g.label}" for g in self.keras_names)))
         if self.retracing:
@@ -96,9 +105,13 @@ def _list_types(growths: tuple[Growth, ...], leaked: bool) -> str:
             return ("none: the growth is not in gc-tracked Python objects (numpy arrays, bytes and str "
                     "are not tracked) or is outside Python (TensorFlow runtime, C extensions)")
         return "none"
-    shown = ", ".join(f"{g.signed()} {g.label}" for g in growths[:_SHOWN_TYPES])
-    more = len(growths) - _SHOWN_TYPES
-    return f"{shown}, ... ({more} more types)" if more > 0 else shown
+    return _list_growths(growths, _SHOWN_TYPES, "types")
+
+
+def _list_growths(growths: tuple[Growth, ...], shown: int, what: str) -> str:
+    listed = ", ".join(f"{g.signed()} {g.label}" for g in growths[:shown])
+    more = len(growths) - shown
+    return f"{listed}, ... ({more} more {what})" if more > 0 else listed
 
 
 def _describe_container(growth: Growth) -> str:
@@ -182,7 +195,7 @@ def _type_rank(kind: type) -> int:
     for rank, classes in enumerate(tiers):
         if classes and issubclass(kind, classes):
             return rank
-    return len(tiers) + _type_name(kind).startswith("builtins.")
+    return len(tiers) + _type_name(kind).startswith("builtins.")  # at most _LAST_RANK
 
 
 def function_library_names() -> list[str] | None:
@@ -196,10 +209,9 @@ def function_library_names() -> list[str] | None:
     return list(context.context().list_function_names())
 
 
-def traced_function(name: str) -> str | None:
-    """``__inference_one_step_on_data_1395`` -> ``one_step_on_data``: each trace adds one."""
-    match = _INFERENCE.match(name)
-    return match.group(1) if match else None
+def function_group(name: str) -> str:
+    """``adam_dense_1_kernel_momentum_cond_true_1163`` -> ``adam_dense_kernel_momentum_cond_true``."""
+    return _NUMBERS.sub("", name)
 
 
 def keras_name_counters() -> dict[str, int]:
@@ -232,7 +244,7 @@ class GrowthTracker:
         self._library: tuple[int, int] | None = None  # (size at first observation, size now)
         self._library_steps = 0  # observations since the first one that found TF running
         self._names = _EveryStep()
-        self._traces = _EveryStep()
+        self._functions = _EveryStep()
         self._ignored: set[int] = set()
 
     def ignore(self, *containers: object) -> None:
@@ -241,7 +253,7 @@ class GrowthTracker:
 
     def _own_ids(self) -> set[int]:
         own = {id(self._ignored), id(self._container_baseline), *self._ignored}
-        for step in (self._types, self._names, self._traces):
+        for step in (self._types, self._names, self._functions):
             own.update((id(step.first), id(step.last), id(step.rising)))
         return own
 
@@ -272,7 +284,7 @@ class GrowthTracker:
             if self._library is not None:
                 self._library_steps += 1
             self._library = (len(names) if self._library is None else self._library[0], len(names))
-            self._traces.observe(collections.Counter(filter(None, map(traced_function, names))))
+            self._functions.observe(collections.Counter(map(function_group, names)))
         self._names.observe(keras_name_counters())
 
     def diagnosis(self) -> LeakDiagnosis:
@@ -282,26 +294,35 @@ class GrowthTracker:
             key=lambda name: (_type_rank(type_growth[name][0]), type_growth[name][1][0], name),
         )
         labels = _short_labels(ranked)
-        containers = self._growing_containers()
-        alive = _objects_by_id({key for key, _ in containers})
+        growing = dict(self._growing_containers())
+        alive = _objects_by_id(set(growing))
+        containers = sorted(  # what they hold ranks them: models before thread-locals or weakrefs
+            (key for key in growing if key in alive),
+            key=lambda key: (_items_rank(alive[key]), -growing[key][0]),
+        )[:_SHOWN_CONTAINERS]
+        functions = self._functions.growths()
         library = None
         if self._library is not None:
             first, last = self._library
             library = Growth("TF function library", (last - first) / max(1, self._library_steps), first, last)
         return LeakDiagnosis(
             types=tuple(_growth(labels[name], type_growth[name][1]) for name in ranked),
-            containers=_by_growth(
-                _growth(_container_label(alive[key]), value)
-                for key, value in containers
-                if key in alive
-            ),
+            containers=tuple(_growth(container_label(alive[key]), growing[key]) for key in containers),
             function_library=library,
             keras_names=_by_growth(_growth(key, value) for key, value in self._names.growths().items()),
-            retracing=_by_growth(_growth(name, value) for name, value in self._traces.growths().items()),
+            library_functions=_by_growth(
+                _growth(name, value) for name, value in functions.items() if not name.startswith(_TRACE_PREFIX)
+            ),
+            retracing=_by_growth(
+                _growth(name.removeprefix(_TRACE_PREFIX), value)
+                for name, value in functions.items()
+                if name.startswith(_TRACE_PREFIX)
+            ),
         )
 
     def _growing_containers(self) -> list[tuple[int, tuple[float, int, int]]]:
-        """Containers that existed at the baseline and gained at least one item per iteration."""
+        """``(id, growth)`` of the containers that existed at the baseline and gained at least
+        one item per iteration."""
         if self._container_baseline is None or self._steps < 1:
             return []
         objects = gc.get_objects()
@@ -312,8 +333,7 @@ class GrowthTracker:
             end = now.get(key, 0)
             if end - start >= self._steps:
                 growing.append((key, ((end - start) / self._steps, start, end)))
-        growing.sort(key=lambda item: -item[1][0])
-        return growing[:_SHOWN_CONTAINERS]
+        return growing
 
 
 def _container_lengths(objects: list[Any], own: set[int]) -> dict[int, int]:
@@ -346,45 +366,5 @@ def _objects_by_id(ids: set[int]) -> dict[int, Any]:
     return {id(o): o for o in gc.get_objects() if id(o) in ids}
 
 
-def _container_label(container: Any) -> str:
-    """``list 'models' (closure variable of test_fit) holding Sequential``: kind, holder, items."""
-    holder = _holder(container)
-    return f"{type(container).__name__}{' ' + holder if holder else ''} holding {_item_types(container)}"
-
-
-def _item_types(container: Any) -> str:
-    items = list(container.values()) if isinstance(container, dict) else list(container)
-    names = collections.Counter(type(item).__name__ for item in items[-8:])
-    return "/".join(name for name, _ in names.most_common(3)) or "nothing"
-
-
-def _holder(container: Any) -> str:
-    """The most telling name a growing container goes by: a global, an attribute, a variable."""
-    found: list[tuple[int, str]] = []
-    modules = {id(vars(module)): name for name, module in list(sys.modules.items()) if hasattr(module, "__dict__")}
-    for referrer in gc.get_referrers(container):
-        if isinstance(referrer, dict):
-            keys = [key for key, value in referrer.items() if value is container and isinstance(key, str)]
-            if keys and id(referrer) in modules:
-                found.append((0, f"{keys[0]!r} (global of {modules[id(referrer)]})"))
-            elif keys:
-                found.append((4, repr(keys[0])))
-        elif isinstance(referrer, types.CellType):
-            found += [(1, name) for name in _closure_names(referrer)]
-        elif isinstance(referrer, types.FrameType):
-            names = [name for name, value in referrer.f_locals.items() if value is container]
-            found += [(3, f"{name!r} (local of {referrer.f_code.co_name})") for name in names]
-        elif isinstance(getattr(referrer, "__dict__", None), dict) and not isinstance(referrer, type):
-            names = [key for key, value in referrer.__dict__.items() if value is container]
-            found += [(2, f"{name!r} (attribute of {type(referrer).__name__})") for name in names]
-    return min(found)[1] if found else ""
-
-
-def _closure_names(cell: types.CellType) -> Iterator[str]:
-    for closure in gc.get_referrers(cell):
-        if not isinstance(closure, tuple):
-            continue
-        for function in gc.get_referrers(closure):
-            if isinstance(function, types.FunctionType) and function.__closure__ is closure:
-                name = function.__code__.co_freevars[closure.index(cell)]
-                yield f"{name!r} (closure variable of {function.__qualname__})"
+def _items_rank(container: Any) -> int:
+    return min((_type_rank(type(item)) for item in last_items(container)), default=_LAST_RANK)

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import measure
 from .checks import Verdict
 from .errors import FAILURE_BY_CHECK, TfmemFailure
-from . import measure
 from .leak_diagnosis import GrowthTracker, LeakDiagnosis
 from .probes import host
 from .units import format_size, parse_size

@@ -68,12 +68,13 @@ class Option:
 def add_options(parser: pytest.Parser, options: list[Option]) -> None:
     group = parser.getgroup("tfmem", "memory budgets for TensorFlow/Keras tests (pytest-tfmem)")
     for option in options:
+        cli_help = f"{option.help} [ini: {option.ini}]".replace("%", "%%")  # argparse %-formats help
         if option.flag:
             group.addoption(option.cli, action="store_const", const=True, default=None, dest=option.ini,
-                            help=f"{option.help} [ini: {option.ini}]")
+                            help=cli_help)
         else:
             group.addoption(option.cli, action="store", default=None, dest=option.ini, metavar="VALUE",
-                            help=f"{option.help} [ini: {option.ini}]")
+                            help=cli_help)
         parser.addini(option.ini, help=option.help, default=None)
 
 

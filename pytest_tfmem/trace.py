@@ -22,6 +22,7 @@ import pytest
 
 from . import plugin, settings, tracedirs
 from .checks import describe_views
+from .child import IN_CHILD
 from .probes import tf as tf_probe
 from .records import PROPERTY, TestRecord
 from .rerun import RerunResult, can_rerun, rerun_test_body, separate_output
@@ -32,9 +33,15 @@ ON_FAILURE, ALWAYS, OFF = "on-failure", "always", "off"
 MODES = (ON_FAILURE, ALWAYS, OFF)
 DEFAULT_ROOT = ".tfmem/traces"
 WORKER_SESSION_KEY = "tfmem_trace_session"
+SESSION_ENVIRONMENT = "PYTEST_TFMEM_TRACE_SESSION"  # "<pid>:<session directory name>"
 SECTION = "tfmem trace"
 PLUGIN_NAME = "tfmem-trace"
-# The trace written for a test, on its item (for features that analyse traces).
+# The trace written for a test, on its item, for features that analyse traces (also in the
+# record's ``extra["trace"]``): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
+# (the command), ``traced`` ("rerun" or "run"), ``profiler`` (status), ``profiler_message``,
+# ``profiler_files`` (relative to the directory), ``traced_peak_bytes``, ``traced_views``,
+# ``error`` (how a re-run ended), ``timeline`` (``png``, ``scalars``...), ``notes``.
+# ``tracecapture.update_summary`` adds a section to the directory's ``summary.json``.
 TRACE = pytest.StashKey[dict]()
 
 
@@ -113,11 +120,24 @@ class TracePlugin:
         self.config = config
         self.settings = TraceSettings.from_config(config)
         workerinput = getattr(config, "workerinput", None)
-        self.is_worker = workerinput is not None
-        if self.is_worker and WORKER_SESSION_KEY in workerinput:
+        child = config.stash.get(IN_CHILD, None)
+        # Only the session's main process rotates; xdist workers and the processes of
+        # isolated tests write into the main process's session directory.
+        self.is_worker = workerinput is not None or child is not None
+        if workerinput is not None and WORKER_SESSION_KEY in workerinput:
             self.session_name = workerinput[WORKER_SESSION_KEY]
+        elif child is not None and _parent_session(child.parent_pid) is not None:
+            self.session_name = _parent_session(child.parent_pid)
         else:
             self.session_name = tracedirs.session_name(time.time(), os.getpid())
+        self._previous_environment = os.environ.get(SESSION_ENVIRONMENT)
+        os.environ[SESSION_ENVIRONMENT] = f"{os.getpid()}:{self.session_name}"  # for isolated tests' processes
+
+    def pytest_unconfigure(self) -> None:
+        if self._previous_environment is None:
+            os.environ.pop(SESSION_ENVIRONMENT, None)
+        else:
+            os.environ[SESSION_ENVIRONMENT] = self._previous_environment
 
     def mode_for(self, item: pytest.Item) -> str:
         arguments = item.stash.get(plugin.ARGUMENTS, {})
@@ -191,6 +211,7 @@ class TracePlugin:
             "traced_peak_bytes": measurement.peak if measurement is not None else None,
             "traced_views": describe_views(measurement) if measurement is not None else None,
             "error": rerun.error if rerun is not None else None,
+            "timeline": {"png": None, "scalars": []},
             "notes": [],
         }
         if measurement is not None:
@@ -205,7 +226,8 @@ class TracePlugin:
                 output=output,
             )
             try:
-                info["notes"] = write_trace(capture, facts)["notes"]
+                summary = write_trace(capture, facts)
+                info["notes"], info["timeline"] = summary["notes"], summary["timeline"]
             except Exception as error:  # never let a trace hide the test's own result
                 info["notes"] = [f"summary not written: {error!r}"]
         item.stash[TRACE] = info
@@ -250,20 +272,40 @@ def section_lines(info: dict[str, Any]) -> list[str]:
     """The report section: how the trace was made, its numbers, and the command to open it."""
     directory = Path(info["shown_directory"])
     if info["traced"] == "rerun":
-        lines = ["traced: the test was re-run once under TensorFlow's profiler; the verdict above is the untraced run's"]
+        lines = [
+            (
+                "traced: the test was re-run once under the profiler and the memory timeline; "
+                "the verdict above is the untraced run's"
+            )
+        ]
         ending = f"; it raised {_first_line(info['error'])}" if info["error"] else ""
         lines.append(f"traced re-run: peak {format_size(info['traced_peak_bytes'])} ({info['traced_views']}){ending}")
     else:
-        lines = ["traced: the test's own run, under TensorFlow's profiler; its figures include the profiler's memory"]
+        lines = [
+            (
+                "traced: the test's own run, under the profiler and the memory timeline; "
+                "its figures include the profiler's memory"
+            )
+        ]
     profile = f"profile: {info['profiler_message']}"
     if info["profiler_files"]:
         profile += f": {', '.join(info['profiler_files'])}"
     lines.append(profile)
+    timeline = info["timeline"]
+    if timeline["scalars"] or timeline["png"]:
+        parts = [f"TensorBoard scalars {', '.join(timeline['scalars'])}"] if timeline["scalars"] else []
+        parts += [str(directory / timeline["png"])] if timeline["png"] else []
+        lines.append(f"memory timeline: {'; '.join(parts)}")
     lines += [f"note: {note}" for note in info["notes"]]
-    lines.append(f"timeline: {directory / 'timeline.png'} (memory scalars in TensorBoard), summary.json")
     lines.append(f"trace directory: {directory}")
     lines.append(f"open it: {info['tensorboard']}")
     return lines
+
+
+def _parent_session(parent_pid: int) -> str | None:
+    """The session directory name the parent process announced, if that parent is ``parent_pid``."""
+    pid, _, name = os.environ.get(SESSION_ENVIRONMENT, "").partition(":")
+    return name if name and pid == str(parent_pid) else None
 
 
 def _first_line(text: str, limit: int = 200) -> str:

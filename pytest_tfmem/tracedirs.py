@@ -44,7 +44,7 @@ def readable_name(nodeid: str) -> str:
     """
     base, bracket, parameters = nodeid.partition("[")
     if bracket:
-        base += "@" + (parameters[:-1] if parameters.endswith("]") else parameters)
+        base += "@" + parameters.removesuffix("]")
     text = base.replace("::", "__").replace("/", ".").replace("\\", ".")
     text = _DOTS.sub(".", _UNSAFE.sub("_", text)).lstrip("._-@") or "test"
     if len(text) > MAX_NAME_LENGTH:

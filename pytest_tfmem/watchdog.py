@@ -43,11 +43,11 @@ class WatchResult:
     killed_at_limit: bool  # the watchdog sent the SIGKILL
     last_rss: int  # process tree RSS at the last sample
     peak_rss: int  # highest sampled process tree RSS
-    process_maxrss: int  # the child's own peak RSS, exact, from the kernel (ru_maxrss)
+    process_maxrss: int  # the child's own peak RSS over its life, exact, from the kernel (ru_maxrss)
     elapsed_s: float
     timeline: list[tuple[float, int]] = field(default_factory=list)
     oom_kills: int | None = None  # OOM kills in this cgroup while the child ran, if known
-    available_at_end: int = 0
+    available: int = 0  # memory still available on the machine (or cgroup) at the last reading
 
     @property
     def signal(self) -> signal.Signals | None:
@@ -56,9 +56,11 @@ class WatchResult:
     def summary_lines(self) -> list[str]:
         """Readings a failure message shows: last, peak, elapsed, timeline."""
         lines = [
-            f"process tree RSS: last {format_size(self.last_rss)}, peak {format_size(self.peak_rss)} "
-            f"(sampled); child's exact peak RSS {format_size(self.process_maxrss)}; "
-            f"after {self.elapsed_s:.2f} s",
+            (
+                f"process tree RSS: last {format_size(self.last_rss)}, peak {format_size(self.peak_rss)} "
+                f"(sampled); child's exact peak RSS {format_size(self.process_maxrss)}; "
+                f"after {self.elapsed_s:.2f} s"
+            ),
         ]
         if self.timeline:
             points = ", ".join(f"{t:.2f}s {format_size(rss)}" for t, rss in downsample(self.timeline, 12))
@@ -90,6 +92,40 @@ def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[flo
     return [*kept, timeline[-1]]
 
 
+class ProcessTreeRss:
+    """Resident memory of a process plus its descendants.
+
+    Finding descendants scans every process on the machine (milliseconds), so the list is
+    refreshed every ``refresh_s``; their memory is read at every ``read`` (microseconds).
+    """
+
+    def __init__(self, pid: int, refresh_s: float = _TREE_REFRESH_S) -> None:
+        self.pid = pid
+        self.refresh_s = refresh_s
+        self._root = RssSampler(pid=pid)  # used for its read(): this process alone
+        self.descendants: list[psutil.Process] = []
+        self._refreshed = float("-inf")
+
+    def refresh(self) -> None:
+        try:
+            self.descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        self._refreshed = time.monotonic()
+
+    def read(self) -> int:
+        """The tree's RSS in bytes; raises ``psutil.Error`` once the root process is gone."""
+        if time.monotonic() - self._refreshed >= self.refresh_s:
+            self.refresh()
+        rss = self._root.read()
+        for process in self.descendants:
+            try:
+                rss += process.memory_info().rss
+            except psutil.Error:
+                pass
+        return rss
+
+
 class Watchdog:
     """Sample a child's process tree, kill it at ``kill_at``, wait for it to end."""
 
@@ -98,33 +134,15 @@ class Watchdog:
         self.kill_at = kill_at
         self.interval_s = interval_s
         self.killed_at_limit = False
-        self._reader = RssSampler(pid=process.pid)  # reads the child alone; descendants below
-        self._descendants: list[psutil.Process] = []
-        self._last_refresh = float("-inf")
+        self._tree = ProcessTreeRss(process.pid)
+        self._available = system.available_memory()
+        self._available_read = time.monotonic()
         self._timeline: list[tuple[float, int]] = []
         self._done = threading.Event()
         self._t0 = time.monotonic()
 
-    def _refresh_descendants(self) -> None:
-        try:
-            self._descendants = psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.Error:
-            pass
-        self._last_refresh = time.monotonic()
-
-    def _tree_rss(self) -> int:
-        if time.monotonic() - self._last_refresh >= _TREE_REFRESH_S:
-            self._refresh_descendants()
-        rss = self._reader.read()
-        for process in self._descendants:
-            try:
-                rss += process.memory_info().rss
-            except psutil.Error:
-                pass
-        return rss
-
     def _kill_tree(self) -> None:
-        self._refresh_descendants()
+        self._tree.refresh()
         try:  # os.kill, not Popen.send_signal: its poll() would race with wait4 and reap
             os.kill(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -133,7 +151,7 @@ class Watchdog:
 
     def kill_descendants(self) -> None:
         """SIGKILL what the child started (left running when the child died)."""
-        for process in self._descendants:
+        for process in self._tree.descendants:
             try:
                 process.kill()
             except psutil.Error:
@@ -142,9 +160,11 @@ class Watchdog:
     def _watch(self) -> None:
         while not self._done.is_set():
             try:
-                rss = self._tree_rss()
+                rss = self._tree.read()
             except psutil.Error:  # the child has exited
                 return
+            if time.monotonic() - self._available_read >= _TREE_REFRESH_S:
+                self._available, self._available_read = system.available_memory(), time.monotonic()
             self._timeline.append((time.monotonic() - self._t0, rss))
             if self.kill_at is not None and rss >= self.kill_at and not self.killed_at_limit:
                 self.killed_at_limit = True
@@ -157,7 +177,13 @@ class Watchdog:
         oom_before = system.oom_kill_count()
         watcher = threading.Thread(target=self._watch, name="tfmem-watchdog", daemon=True)
         watcher.start()
-        _, status, usage = os.wait4(self.process.pid, 0)
+        try:
+            _, status, usage = os.wait4(self.process.pid, 0)
+        except BaseException:  # interrupted (Ctrl-C): the child must not outlive the wait
+            self._done.set()
+            self._kill_tree()
+            self.process.wait()
+            raise
         self.process.returncode = os.waitstatus_to_exitcode(status)
         elapsed = time.monotonic() - self._t0
         self._done.set()
@@ -169,12 +195,12 @@ class Watchdog:
         return WatchResult(
             returncode=self.process.returncode,
             kill_at=self.kill_at,
-            killed_at_limit=self.killed_at_limit,
+            killed_at_limit=self.killed_at_limit and self.process.returncode == -signal.SIGKILL,
             last_rss=timeline[-1][1] if timeline else 0,
             peak_rss=max((rss for _, rss in timeline), default=0),
             process_maxrss=usage.ru_maxrss * 1024,
             elapsed_s=elapsed,
             timeline=timeline,
             oom_kills=None if oom_before is None or oom_after is None else oom_after - oom_before,
-            available_at_end=system.available_memory(),
+            available=self._available,
         )

@@ -14,7 +14,7 @@ from . import scale
 
 IMAGE = (64, 64, 3)
 CLASSES = 10
-PROBLEM_BATCH = int(192 * scale())
+PROBLEM_BATCH = int(128 * scale())
 FIX_BATCH = 32
 
 

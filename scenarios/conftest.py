@@ -9,7 +9,10 @@ problem's peak, its leak per iteration where a leak check ran, and the outcome.
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 
@@ -43,6 +46,17 @@ def keras_warmed_up() -> None:
     from .warmup import warm_up_keras
 
     warm_up_keras()
+
+
+@pytest.fixture
+def keras(keras_warmed_up: None) -> Iterator[ModuleType]:
+    """``tf.keras``, warmed up; Keras's global state cleared after the test, so that what one
+    scenario leaves behind (traced functions holding its model's weights) is not carried on."""
+    import tensorflow as tf
+
+    yield tf.keras
+    tf.keras.backend.clear_session()
+    gc.collect()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -8,12 +8,12 @@ import pytest
 
 from pytest_tfmem import BudgetExceeded, find_max_batch_size
 
-from . import big_batch, scale
+from . import big_batch
 from .warmup import warm_up_keras
 
-pytestmark = [pytest.mark.scenario("3. big batch"), pytest.mark.usefixtures("keras_warmed_up")]
+pytestmark = [pytest.mark.scenario("3. big batch"), pytest.mark.usefixtures("keras")]
 MB = 10**6
-# Measured at scale 1: ~2.2 MB per image; batch 32 ~70-90 MB, batch 192 ~410-470 MB.
+# Measured at scale 1: ~2.2 MB per image; batch 32 ~70-90 MB, batch 128 ~270-360 MB.
 BUDGET = "200MB"
 
 
@@ -44,7 +44,7 @@ def test_peak_grows_roughly_linearly_with_batch_size(tfmem):
 
 
 def test_find_max_batch_size_lands_between_the_fix_and_the_problem():
-    low, high, resolution = 16, 16 * math.ceil(256 * scale() / 16), 16
+    low, high, resolution = 16, big_batch.PROBLEM_BATCH, 16
     report = find_max_batch_size(big_batch.train_step, BUDGET, low=low, high=high, resolution=resolution,
                                  setup=warm_up_keras)
     print(report)

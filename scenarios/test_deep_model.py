@@ -8,7 +8,13 @@ from pytest_tfmem import BudgetExceeded
 
 from . import deep_model, scale
 
-pytestmark = [pytest.mark.scenario("2. deep model: training"), pytest.mark.usefixtures("keras_warmed_up")]
+# Each test runs in a fresh process: on TensorFlow 2.21 a fitted model's weights and optimizer
+# state stay alive after the test (see scenario 4), and these models are big.
+pytestmark = [
+    pytest.mark.scenario("2. deep model: training"),
+    pytest.mark.usefixtures("keras"),
+    pytest.mark.tfmem(isolate=True),
+]
 # Measured at scale 1: float32 + Adam ~200-250 MB, mixed precision 210-240 MB; the fixes 35-120 MB.
 TRAINING_BUDGET = f"{150 * scale()}MB"
 # Keras float32 model loaded + one batch ~75-105 MB; int8 TensorFlow Lite ~32 MB.

@@ -20,7 +20,7 @@ def test_problem_hold_everything():
     killed.problem_hold_everything()
 
 
-@pytest.mark.variant("fix", "one 100 MB chunk at a time")
+@pytest.mark.variant("fix", "one 50 MB chunk at a time")
 @isolated
 def test_fix_one_chunk_at_a_time():
     killed.fix_one_chunk_at_a_time()

@@ -37,14 +37,18 @@ def test_untraced():
 @pytest.mark.tfmem(budget="16MB", explain=True, explain_mode="from-start", trace="off")
 def test_from_start():
     predict_wide()
+
+@pytest.mark.tfmem(budget="16MB", explain=True, explain_mode="from-start", trace="always")
+def test_from_start_traced():
+    predict_wide()
 """
 
 
-@pytest.mark.slow  # three traced TensorFlow runs in a fresh interpreter: ~30 s here
+@pytest.mark.slow  # four failing TensorFlow tests, traced and re-run, in a fresh interpreter: ~40 s here
 def test_the_largest_tensor_is_listed_first_with_its_shape_and_size(run_subprocess_records, pytester: pytest.Pytester):
     pytester.makepyfile(test_wide=WIDE_MODEL)
     result, records = run_subprocess_records("--tfmem-trace-dir=traces")
-    result.assert_outcomes(failed=3)
+    result.assert_outcomes(failed=4)
     result.stdout.fnmatch_lines([
         "*- memory at the peak by TensorFlow op -*",
         "from the test's TensorBoard trace (its re-run by the trace feature)",
@@ -62,8 +66,15 @@ def test_the_largest_tensor_is_listed_first_with_its_shape_and_size(run_subproce
         "op * shape * dtype * count * MiB",
         "*wide*/* [[]2048,4096[]] * float * 1 * 32.0",
     ])
-    for name in ("test_traced", "test_untraced", "test_from_start"):
+    sources = {
+        "test_traced": "the test's TensorBoard trace (its re-run by the trace feature)",
+        "test_untraced": "TensorFlow's profiler during the re-run",
+        "test_from_start": "TensorFlow's profiler during the test's own run",
+        "test_from_start_traced": "the test's TensorBoard trace (its own run)",
+    }
+    for name, source in sources.items():
         explanation = records[name].extra["explain"]
+        assert explanation["tensorflow"]["source"] == source
         allocator = explanation["tensorflow"]["allocators"][0]
         first = allocator["rows"][0]
         assert (first["shape"], first["dtype"], first["bytes"]) == ("[2048,4096]", "float", 32 * MIB), first
@@ -72,10 +83,11 @@ def test_the_largest_tensor_is_listed_first_with_its_shape_and_size(run_subproce
         # by line, the predict call took it
         assert explanation["largest"]["contents"] == "predict_wide()"
         assert explanation["largest"]["peak_increase_bytes"] >= 32 * MIB
-    # the traced test's explanation is in its trace directory's summary.json too
-    trace_directory = Path(records["test_traced"].extra["trace"]["directory"])
-    summary = json.loads((trace_directory / "summary.json").read_text())
-    assert summary["explain"]["tensorflow"]["allocators"][0]["rows"][0]["shape"] == "[2048,4096]"
+    # a traced test's explanation is in its trace directory's summary.json too
+    for name in ("test_traced", "test_from_start_traced"):
+        trace_directory = Path(records[name].extra["trace"]["directory"])
+        summary = json.loads((trace_directory / "summary.json").read_text())
+        assert summary["explain"]["tensorflow"]["allocators"][0]["rows"][0]["shape"] == "[2048,4096]"
     assert "trace" not in records["test_untraced"].extra
 
 

@@ -215,3 +215,11 @@ def test_ini_values_work_like_the_options(pytester, baseline):
     pytester.makeini(f"[pytest]\ntfmem_baseline = {baseline.name}\ntfmem_tolerance = 10%\n")
     write_suite(pytester, {**SUITE, "grow": 120})
     run(pytester).assert_outcomes(passed=2, failed=1)
+
+
+def test_pytest_help_shows_the_gate_options(pytester):
+    result = pytester.runpytest("--help")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*--tfmem-tolerance=VALUE*", "*('10%'), a size with a unit*"])
+    for option in ("--tfmem-baseline=", "--tfmem-save-baseline=", "--tfmem-baseline-prune", "--tfmem-report="):
+        result.stdout.fnmatch_lines([f"*{option}*"])

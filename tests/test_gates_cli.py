@@ -134,6 +134,10 @@ def test_help_and_the_installed_console_script(gate_files):
         assert command in done.stdout
     assert "exit codes: 0 fine, 1 regression beyond tolerance (compare), 2 bad input" in done.stdout
     assert tfmem(gate_files).returncode == EXIT_BAD_INPUT  # no command: help on stderr
+    for command in ("compare", "show", "plot"):
+        done = tfmem(gate_files, command, "--help")
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: tfmem {command}"), done.stderr
+    assert "10%+16MB" in tfmem(gate_files, "compare", "--help").stdout
     script = shutil.which("tfmem")
     assert script, "the tfmem console script is not installed: pip install -e ."
     done = subprocess.run(

@@ -10,7 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gates_helpers import MB, REGRESSION_LINE, load, outcomes, run, suite_source, write_suite
+from gates_helpers import (
+    MB,
+    REGRESSION_LINE,
+    load,
+    outcomes,
+    run,
+    suite_source,
+    write_suite,
+)
 
 from pytest_tfmem.baseline import load_baseline
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
+import numpy as np
 import pytest
 
 from pytest_tfmem.atomic import write_text_atomic
@@ -23,6 +25,7 @@ from pytest_tfmem.compare import (
     baseline_verdict,
     compare,
 )
+from pytest_tfmem.leaks import leak_check
 from pytest_tfmem.measure import Measurement, ViewReading
 from pytest_tfmem.records import TestRecord
 from pytest_tfmem.tolerance import Tolerance, parse_tolerance
@@ -108,23 +111,25 @@ def record(nodeid: str, peak: int, outcome: str = "passed", extra: dict | None =
 
 def test_merge_keeps_tests_not_run_updates_passed_ones_and_skips_failed_ones():
     old = Baseline({"a": BaselineEntry(1), "b": BaselineEntry(2), "c": BaselineEntry(3)})
-    leak = {"growth": 6.4e6}
-    merged = old.merged([record("a", 10, extra={"leak": leak}), record("b", 20, "failed"), record("d", 40)])
+    merged = old.merged([record("a", 10), record("b", 20, "failed"), record("d", 40)])
     assert {k: v.peak for k, v in merged.tests.items()} == {"a": 10, "b": 2, "c": 3, "d": 40}
-    assert merged.tests["a"].leak_slope == 6.4e6 and merged.tests["a"].views == {"host": 10}
+    assert merged.tests["a"].views == {"host": 10}
     assert merged.environment["python"]
     pruned = old.merged([record("a", 10)], prune=True)
     assert set(pruned.tests) == {"a"}
 
 
-def test_save_and_load_round_trip(tmp_path):
+def test_leak_growth_of_a_real_leak_check_is_saved_as_the_leak_slope(tmp_path):
+    kept = []
+    report = leak_check(lambda: kept.append(np.ones(2 * MIB // 8)), iterations=6, warmup=1, max_growth="100MB")
+    assert report.growth_per_iteration > 1.5 * MIB  # 2 MiB kept per call
     path = tmp_path / "b.json"
-    baseline = Baseline().merged([record("t::a", 10 * MIB, extra={"leak": {"growth": 1.5}})])
-    save_baseline(baseline, path)
+    save_baseline(Baseline().merged([record("t::a", 10 * MIB, extra={"leak": report.to_dict()})]), path)
     data = json.loads(path.read_text())
     assert data["format"] == "pytest-tfmem-baseline" and data["version"] == 1
-    assert data["tests"]["t::a"] == {"peak": 10 * MIB, "views": {"host": 10 * MIB}, "leak_slope": 1.5}
-    assert load_baseline(path).tests == baseline.tests
+    entry = {"peak": 10 * MIB, "views": {"host": 10 * MIB}, "leak_slope": report.growth_per_iteration}
+    assert data["tests"]["t::a"] == entry
+    assert load_baseline(path).tests["t::a"] == BaselineEntry(10 * MIB, {"host": 10 * MIB}, report.growth_per_iteration)
 
 
 def test_missing_file_is_an_empty_baseline_only_when_allowed(tmp_path):
@@ -173,3 +178,17 @@ def test_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path, monk
 def test_tolerance_prints_as_written():
     assert str(parse_tolerance("10% + 16MB")) == "10%+16MB"
     assert str(Tolerance(0.1, 16 * MIB)) == "10%+16.0 MiB"
+
+
+def test_environment_names_the_gpus_through_nvml(monkeypatch):
+    from fake_nvml import FakeGpu, FakeNvml
+
+    from pytest_tfmem.environment import current_environment, environment_differences
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu("Fake H100", 80 * 2**30)]))
+    with_gpu = current_environment()
+    assert with_gpu["gpus"] == ["Fake H100"]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    without = current_environment()
+    assert without["gpus"] == []
+    assert environment_differences(with_gpu, without) == ["gpus Fake H100 in the baseline, none here"]

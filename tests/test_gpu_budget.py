@@ -12,9 +12,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_tfmem.gpu import GROWTH_VARIABLE, apply_gpu_limit, check_gpu_budget, enable_memory_growth, gpu_views
+from pytest_tfmem.gpu import (
+    GROWTH_VARIABLE,
+    apply_gpu_limit,
+    check_gpu_budget,
+    enable_memory_growth,
+    gpu_views,
+    summary_notes,
+)
 from pytest_tfmem.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.probes.tf import allocator_sources
+from pytest_tfmem.records import TestRecord
 
 GiB = 2**30
 MiB = 2**20
@@ -94,7 +102,7 @@ def test_gpu_budget_reads_tf_gpu_allocators_first():
 
 def test_without_tf_gpu_views_the_gpu_budget_reads_nvml():
     m = measurement(("host", 100 * MiB), ("nvml:0", 512 * MiB), ("nvml:1", 0))
-    assert gpu_views(m) == ("NVML", [("nvml:0", 512 * MiB), ("nvml:1", 0)])
+    assert gpu_views(m) == [("nvml:0", 512 * MiB), ("nvml:1", 0)]
     assert check_gpu_budget(m, GiB).message == "GPU peak 512.0 MiB <= GPU budget 1.0 GiB (GPU 0 (NVML) 512.0 MiB, GPU 1 (NVML) 0 B)"
 
 
@@ -109,6 +117,21 @@ def test_gpu_views_never_change_the_host_peak():
     assert host_only.peak == with_gpus.peak == 300 * MiB
     assert (host_only.gpu, with_gpus.gpu) == (None, 8 * GiB)
     assert Measurement.from_dict(with_gpus.to_dict()) == with_gpus
+
+
+def test_summary_notes_say_which_views_are_missing_and_why():
+    def reason() -> str:
+        return "nvidia-ml-py is not installed"
+
+    host_only = TestRecord("t::a", measurement(("host", MiB)), extra={"gpu": {"unchecked_gpu_budget": GiB}})
+    tf_gpu = TestRecord("t::b", measurement(("host", MiB), ("tf:GPU:0", GiB)))
+    nvml = TestRecord("t::c", measurement(("nvml:0", GiB)), extra={"gpu": {"problems": ["NVML failed on GPU 0: GPU is lost"]}})
+    assert summary_notes([host_only], reason) == [
+        "no GPU views: nvidia-ml-py is not installed",
+        "GPU budget not checked in 1 test(s): no GPU memory view",
+    ]
+    assert summary_notes([tf_gpu], reason) == ["no NVML views: nvidia-ml-py is not installed"]
+    assert summary_notes([tf_gpu, nvml, nvml], reason) == ["NVML failed on GPU 0: GPU is lost"]
 
 
 def test_the_gpu_limit_goes_to_every_gpu_in_MiB():

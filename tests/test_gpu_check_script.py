@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_nvml import FakeGpu, FakeNvml
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pynvml
 import pytest
-
 from conftest import records_from_junit
-from fake_nvml import FakeGpu, FakeNvml, NVMLError, NVMLError_DriverNotLoaded, NVMLError_GpuIsLost
+from fake_nvml import FakeGpu, FakeNvml, NVMLError_DriverNotLoaded, NVMLError_GpuIsLost
+
 from pytest_tfmem.measure import PeakTracker
-from pytest_tfmem.probes.nvml import GpuProcessMemory, Nvml, NvmlSampler, process_sources
+from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
 
 GiB = 2**30
 ME = os.getpid()
@@ -63,7 +63,7 @@ def test_several_devices_read_this_process_and_each_device_separately():
 
 
 def test_a_process_not_listed_on_a_gpu_reads_zero_there():
-    fake, nvml = open_fake([FakeGpu("Fake T4", 16 * GiB, processes={OTHER: 2 * GiB})])
+    _, nvml = open_fake([FakeGpu("Fake T4", 16 * GiB, processes={OTHER: 2 * GiB})])
     (source,) = process_sources(nvml)
     tracker = PeakTracker(source)
     window = tracker.open()

@@ -169,7 +169,9 @@ ISOLATED_AMONG_OTHERS = {
 }
 
 
-@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist -n 2"])
+@pytest.mark.parametrize(
+    "workers", [pytest.param([], id="one process"), pytest.param(["-n", "2"], id="xdist -n 2", marks=pytest.mark.slow)]
+)
 def test_isolated_tests_report_like_in_process_ones(pytester: pytest.Pytester, run_subprocess_records, workers):
     pytester.makepyfile(**ISOLATED_AMONG_OTHERS)
     result, records = run_subprocess_records("-rA", "-m", "not slow", *workers)
@@ -207,6 +209,7 @@ def test_isolated():
 """
 
 
+@pytest.mark.slow  # TensorFlow starts in the session and again in the child
 def test_isolated_and_in_process_peaks_of_a_tf_test_agree(pytester: pytest.Pytester, run_subprocess_records):
     pytester.makepyfile(TF_TESTS)
     result, records = run_subprocess_records("--tfmem-budget=2GB")

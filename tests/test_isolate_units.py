@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.journal import EXIT_DID_NOT_FINISH, EXIT_NO_RESULTS, describe_last
+from pytest_tfmem.journal_reader import (
+    EXIT_DID_NOT_FINISH,
+    EXIT_NO_RESULTS,
+    describe_last,
+)
 from pytest_tfmem.probes import system
 from pytest_tfmem.watchdog import downsample
 
@@ -134,8 +138,10 @@ def test_sizes_above_the_memory_limit_warn(pytester: pytest.Pytester):
     result.assert_outcomes(passed=1, warnings=3)
     result.stdout.fnmatch_lines(
         [
-            "*MemoryLimitWarning: pytest-tfmem: --tfmem-kill-at 745058.1 GiB is above the memory limit that applies*"
-            "the kernel's OOM killer would act first",
+            (
+                "*MemoryLimitWarning: pytest-tfmem: --tfmem-kill-at 745058.1 GiB is above the memory limit "
+                "that applies*the kernel's OOM killer would act first"
+            ),
         ]
     )
     result.stdout.fnmatch_lines(

@@ -58,21 +58,26 @@ def test_a_1MB_per_iteration_leak_is_flagged_and_a_flat_loop_passes_in_20_of_20_
 
 
 def test_the_failure_shows_the_growth_the_readings_and_the_growing_list(pytester: pytest.Pytester):
-    pytester.makepyfile(SYNTHETIC_LOOPS)
-    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=off", "-k", "test_leaking_loop and 0]")
+    pytester.makepyfile(test_loops=SYNTHETIC_LOOPS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=off", "test_loops.py::test_leaking_loop[0]")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "tfmem: leak: +* MiB per iteration > max_growth 488.3 KiB (robust slope over 10 measured iterations after 3 warmup)",
-        "  growth per iteration  host RSS +* MiB",
+        "tfmem: leak: +9* KiB per iteration > max_growth 488.3 KiB (robust slope over 10 measured iterations after 3 warmup)",
+        "  growth per iteration  host RSS +9* KiB",
         "  growing types         none: the growth is not in gc-tracked Python objects *",
-        "  growing containers    +1 items per iteration: list 'KEPT' (global of test_a_1MB*) holding ndarray (3 -> 13)",
+        "  growing containers    +1 items per iteration: list 'KEPT' (global of test_loops) holding ndarray (3 -> 13)",
         "  host RSS readings     * MiB, then +1.0 +1.9 +2.9 * MiB",
+        "FAILED test_loops.py::test_leaking_loop* - pytest_tfmem.leaks.LeakDetected*",
     ])
+
+
+class Payload:
+    pass
 
 
 class Record:
     def __init__(self) -> None:
-        self.payload = [object() for _ in range(3)]
+        self.payload = [Payload() for _ in range(3)]
 
 
 RECORDS: list[Record] = []
@@ -83,9 +88,9 @@ def test_growing_object_types_are_named_most_telling_first():
     report = leak_check(lambda: RECORDS.append(Record()), iterations=5, warmup=1)
     RECORDS.clear()
     types = {growth.label: growth.per_iteration for growth in report.diagnosis.types}
-    assert types["Record"] == 1 and types["object"] == 3
+    assert types["Record"] == 1 and types["Payload"] == 3
     assert [g.label for g in report.diagnosis.types][:1] == ["Record"]  # user types before builtins
-    assert "+1 Record, +3 object" in report.describe()
+    assert "growing types         +1 Record, +3 Payload, " in report.describe()
     assert report.diagnosis.containers[0].label == f"list 'RECORDS' (global of {__name__}) holding Record"
     assert report.diagnosis.function_library is None  # TensorFlow is not loaded here
     assert not report.leaked  # a few hundred bytes per iteration are under 1 MB

@@ -103,11 +103,16 @@ def test_the_failure_report_ends_with_the_directory_and_the_tensorboard_command(
     lines = keras_run.section("test_fit_with_large_input[1024]")
     shown = (keras_run.session / FAILED_VARIANTS[0]).relative_to(keras_run.directory)
     assert lines[0] == (
-        "traced: the test was re-run once under TensorFlow's profiler; the verdict above is the untraced run's"
+        "traced: the test was re-run once under the profiler and the memory timeline; "
+        "the verdict above is the untraced run's"
     )
     assert lines[1].startswith("traced re-run: peak ")
     assert lines[2].startswith("profile: TensorFlow profiler trace (Profile tab in TensorBoard): plugins/profile/")
-    assert lines[-2:] == [f"trace directory: {shown}", f"open it: tensorboard --logdir {shown}"]
+    assert lines[3] == (
+        "memory timeline: TensorBoard scalars memory/host_rss_mib, memory/tf_CPU:0_mib, memory/budget_mib; "
+        f"{shown}/timeline.png"
+    )
+    assert lines[4:] == [f"trace directory: {shown}", f"open it: tensorboard --logdir {shown}"]
 
 
 def test_the_verdict_is_the_untraced_run_and_the_traced_peak_is_stated_apart(keras_run: TracedRun) -> None:

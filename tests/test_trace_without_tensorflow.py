@@ -7,12 +7,13 @@ The TensorFlow profiler part is covered by ``test_trace_tensorflow.py``.
 
 from __future__ import annotations
 
+import os
 import shlex
 
 import matplotlib.figure  # noqa: F401  # loaded here once: in-process pytester runs unload what they import
 import pytest
-import tensorboard.plugins.scalar.metadata  # noqa: F401  # (same reason)
-import tensorboard.summary.writer.record_writer  # noqa: F401  # (same reason)
+import tensorboard.plugins.scalar.metadata
+import tensorboard.summary.writer.record_writer  # noqa: F401  # (same reason, both)
 from trace_helpers import TracedRun, read_scalars, run_pytest
 
 from pytest_tfmem import tracedirs
@@ -175,3 +176,22 @@ def test_bad_trace_settings_are_usage_errors(pytester: pytest.Pytester, args, ma
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
+
+
+def test_an_isolated_test_is_traced_into_the_sessions_directory(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_isolated="""
+        import numpy as np
+        import pytest
+
+        @pytest.mark.tfmem(budget="20MB", isolate=True)
+        def test_over_budget_in_its_own_process():
+            assert np.ones(40 * 2**20 // 8).sum() > 0
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=on-failure")
+    result.assert_outcomes(failed=1)
+    session = only_session(pytester.path / ".tfmem" / "traces")
+    assert session.name.endswith(f"_{os.getpid()}")  # the session's own directory, not the child's
+    assert [p.name for p in tracedirs.traced_tests(session)] == ["test_isolated.py__test_over_budget_in_its_own_process"]
+    result.stdout.fnmatch_lines([f"open it: tensorboard --logdir .tfmem/traces/{session.name}/test_isolated.py__*"])

@@ -4,8 +4,8 @@ Each step does temporary work (a 2 MB scratch array, small Python objects) and, 
 keeps a ``Record`` holding ``leak_bytes`` in a module-level list, as a cache or a history
 that outlives the test would. The record is a class instance, which the garbage collector
 tracks, so counting objects by type can see it (a dict holding only numbers and arrays is
-not tracked, and would be invisible to that approach). Every check runs the step 3 times to warm up and 10 times
-measured. ``$TFMEM_BENCH_CONTENDER`` picks how the test checks for a leak.
+not tracked, and would be invisible to that approach). Every check runs the step 3 times
+to warm up and 10 times measured. ``$TFMEM_BENCH_CONTENDER`` picks how the test checks.
 """
 
 import collections

@@ -20,7 +20,6 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 INSTALL_HINT = "pip install 'pytest-tfmem[gpu]'"
@@ -46,7 +45,7 @@ class Nvml:
         self.error: type[Exception] = pynvml.NVMLError
 
     @classmethod
-    def open(cls, pynvml: ModuleType | Any | None = None, pid: int | None = None) -> tuple[Nvml | None, str]:
+    def open(cls, pynvml: Any = None, pid: int | None = None) -> tuple[Nvml | None, str]:
         """``(session, "")``, or ``(None, one-line reason)`` without NVML, a driver or a GPU.
 
         Never raises: a machine without a GPU is a normal place to run tests.
