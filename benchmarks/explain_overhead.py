@@ -1,11 +1,12 @@
 """What ``--tfmem-explain`` costs: passing tests (should be nothing), failing tests, each traced line.
 
-    python benchmarks/explain_overhead.py [--repeats 3]
+    python benchmarks/explain_overhead.py [--repeats 5]
 
 1. Small Keras fits as real ``pytest`` processes with explaining off, on (the default ``rerun``
-   mode) and on in ``from-start`` mode: the median of the summed test times (JUnit XML: set-up,
-   call and teardown of each test) and their ratio to "off". The settings alternate within
-   each repeat, so drift hits them alike; on a busy machine the ratios carry a few % of noise.
+   mode) and on in ``from-start`` mode: the median and the fastest of the summed test times
+   (JUnit XML: set-up, call and teardown of each test), and their ratios to "off". The settings
+   alternate within each repeat, so drift hits them alike; on a busy machine the fastest run is
+   the steadier figure.
 2. The time the explain plugin's own hooks take per passing test, read with ``cProfile`` from
    a session of empty tests (an upper bound: profiling slows the hooks too).
 3. One failing test with and without its explanation, and the tracer's cost per executed line.
@@ -69,13 +70,21 @@ def test_times(directory: Path, arguments: list[str]) -> float:
     return sum(float(case.get("time", 0)) for case in ET.parse(junit).getroot().iter("testcase"))
 
 
-def compare(directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]) -> dict[str, float]:
-    """Median summed test time per setting; the settings alternate so drift hits them alike."""
+def compare(directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]) -> dict[str, tuple[float, float]]:
+    """(median, fastest) summed test time per setting; the settings alternate so drift hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(repeats):
         for name, arguments in settings.items():
             times[name].append(test_times(directory, [f"--tfmem-budget={budget}", *arguments]))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: (statistics.median(values), min(values)) for name, values in times.items()}
+
+
+def print_times(title: str, times: dict[str, tuple[float, float]]) -> None:
+    print(title)
+    median_off, fastest_off = times["off"]
+    for name, (median, fastest) in times.items():
+        print(f"  explain {name:<16} median {median:6.2f} s (x{median / median_off:.2f})"
+              f"   fastest {fastest:6.2f} s (x{fastest / fastest_off:.2f})")
 
 
 def hook_time_per_test(directory: Path) -> float:
@@ -121,22 +130,17 @@ def workload(root: Path, name: str, source: str) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    runs = f"median of {args.repeats} runs"
     with tempfile.TemporaryDirectory(prefix="tfmem-explain-bench-") as temporary:
         root = Path(temporary)
-        medians = compare(workload(root, "keras", PASSING_WORKLOAD), "4GB", args.repeats, SETTINGS)
-        print(f"8 passing Keras fit tests, summed test time ({runs}):")
-        for name, seconds in medians.items():
-            print(f"  explain {name:<16} {seconds:6.2f} s   x{seconds / medians['off']:.3f}")
+        times = compare(workload(root, "keras", PASSING_WORKLOAD), "4GB", args.repeats, SETTINGS)
+        print_times(f"8 passing Keras fit tests, summed test time ({args.repeats} runs):", times)
         hooks = hook_time_per_test(workload(root, "empty", EMPTY_WORKLOAD))
         print(f"explain on (rerun): its hooks take {hooks * 1e6:.0f} us per passing test ({EMPTY_TESTS} empty tests, cProfile)")
         on_off = {name: SETTINGS[name] for name in ("off", "on (rerun)")}
-        medians = compare(workload(root, "failing", FAILING_WORKLOAD), "200MB", args.repeats, on_off)
-        print(f"1 failing test (100 + 300 + 50 MB), its test time ({runs}):")
-        for name, seconds in medians.items():
-            print(f"  explain {name:<16} {seconds:6.3f} s")
+        times = compare(workload(root, "failing", FAILING_WORKLOAD), "200MB", args.repeats, on_off)
+        print_times(f"1 failing test (100 + 300 + 50 MB), its test time ({args.repeats} runs):", times)
     print(f"line tracer: {per_line_cost() * 1e6:.0f} us per executed line of a traced function")
 
 

@@ -63,6 +63,16 @@ def session_seconds(directory: Path, *options: str) -> tuple[float, float]:
     return elapsed, cpu
 
 
+def command_seconds(code: str) -> tuple[float, float]:
+    """Wall and CPU seconds of ``python -c code``: the yardstick for start-up costs."""
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    elapsed = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return elapsed, (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+
+
 def medians(runs: list[tuple[float, float]]) -> tuple[float, float]:
     return statistics.median(wall for wall, _ in runs), statistics.median(cpu for _, cpu in runs)
 
@@ -86,6 +96,9 @@ def main() -> None:
             f"{name:<11} {wall:>7.2f} / {cpu:>5.2f}s {wall_isolated:>7.2f} / {cpu_isolated:>5.2f}s "
             f"{extra_wall:>14.2f} / {extra_cpu:>5.2f}s"
         )
+    for code in ("import pytest", "import tensorflow"):
+        wall, cpu = medians([command_seconds(code) for _ in range(args.repeats)])
+        print(f"for scale, python -c {code!r}: {wall:.2f} / {cpu:.2f}s")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -10,7 +10,9 @@ the session's JUnit file) are switched off.
 Everything the parent needs travels through a JSON-lines file, one line per event, written
 as it happens, so the parent knows how far the test got even when the child is killed:
 ``report`` (each test report, serialised by pytest's own hook), ``call`` and ``call_end``
-(RSS when the test body starts, the process's peak RSS when it ends), ``warning``, ``collect_error``, ``not_collected`` and ``finished``.
+(RSS when the test body starts, the process's peak RSS when it ends), ``warning``,
+``collect_error``, ``not_collected`` and ``finished``. Other tfmem plugins tell an isolated
+test's process by ``IN_CHILD`` in ``config.stash``: session-wide outputs are the parent's.
 """
 
 from __future__ import annotations

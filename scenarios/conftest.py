@@ -134,10 +134,13 @@ def _outcome(report: pytest.TestReport, role: str) -> str:
 
 def _explain(outcome: str, record: TestRecord | None) -> str:
     """``caught: over budget`` -- what failed, in words: failed checks, a leak found in the body."""
-    if record is None or outcome not in ("caught", "no help", "FAILED"):
+    if record is None:
         return outcome
+    where = " (isolated)" if "isolated" in record.extra else ""
+    if outcome not in ("caught", "no help", "FAILED"):
+        return outcome + where
     failed = [CHECK_WORDS.get(v.check, v.check) for v in record.failed_verdicts]
     leak = record.extra.get("leak")
     if isinstance(leak, dict) and leak.get("leaked") and "leak" not in failed:
         failed.append("leak")  # raised by tfmem.assert_no_leak in the test body
-    return f"{outcome}: {', '.join(failed)}" if failed else outcome
+    return (f"{outcome}: {', '.join(failed)}" if failed else outcome) + where

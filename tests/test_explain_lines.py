@@ -66,15 +66,14 @@ def spiky():
     kept = np.ones(50 * MB // 8)
     total = np.ones(200 * MB // 8).sum()
     for _ in range(3):
-        chunk = np.ones(20 * MB // 8)
+        chunk = np.ones(20 * MB // 8)  # noqa: F841  # the row is found by its name
     return kept, total
 
 
 def test_each_line_gets_its_exact_peak_and_the_enclosing_window_keeps_its_own():
     code = function_code(spiky, "spiky")
-    with Monitor() as monitor:
-        with LineTracer({code: "spiky"}, line_trackers()) as tracer:
-            spiky()
+    with Monitor() as monitor, LineTracer({code: "spiky"}, line_trackers()) as tracer:
+        spiky()
     (function,) = tracer.results()
     rows = {row.contents.split(" =")[0]: row for row in function.rows}
     assert abs(rows["kept"].peak_increase() - 50 * MB) <= 5 * MB

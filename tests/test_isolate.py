@@ -6,6 +6,7 @@ children of their own; the OOM killer is simulated by a test sending itself SIGK
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -224,3 +225,17 @@ def test_isolated_and_in_process_peaks_of_a_tf_test_agree(pytester: pytest.Pytes
     assert records["test_in_process"].measurement.host < in_process / 2
     assert abs(isolated["process_peak_increase"] - in_process) <= 0.10 * in_process + 16 * 2**20
     result.stdout.fnmatch_lines(["*tfmem: isolated tests*", "*::test_isolated *passed"])
+
+
+def test_only_the_session_writes_the_session_outputs(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """The children of isolated tests leave the baseline, report and step summary to the session."""
+    summary = pytester.path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    pytester.makepyfile("def test_a(): pass\ndef test_b(): pass\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-save-baseline=baseline.json", "--tfmem-baseline-prune"
+    )
+    result.assert_outcomes(passed=2)
+    assert summary.read_text().count("### pytest-tfmem: memory per test") == 1
+    baseline = json.loads((pytester.path / "baseline.json").read_text())
+    assert len(baseline["tests"]) == 2
