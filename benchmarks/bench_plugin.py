@@ -6,7 +6,9 @@ moment the call report is ready, so a tool's work around the body and its report
 analysis both count; fixture set-up, collection and imports do not), the CPU time spent in
 that span (user + system, this process and the children it waited for: steadier than wall
 time on a shared machine) and the peak the contender named by ``$TFMEM_BENCH_CONTENDER``
-reported:
+reported. With no plugin, a last line (outcome ``gc``) times one full ``gc.collect()`` at
+the end of the session, the step pytest-tfmem takes before every measured test. The
+figures, by contender:
 
 - ``tfmem``: the ``tfmem_peak_bytes`` property pytest-tfmem puts on the report;
 - ``memray``: the peak pytest-memray recorded for the test (what ``limit_memory`` compares),
@@ -19,6 +21,7 @@ reported:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -96,6 +99,19 @@ class BenchRecorder:
             "peak": self._peak(report),
             "message": _failure_summary(report) if report.failed else "",
         }
+        self._write(line)
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self) -> None:
+        if self.contender != "none":
+            return
+        wall_started, cpu_started = time.perf_counter(), _cpu_seconds()
+        gc.collect()
+        self._write({"test": "gc.collect()", "outcome": "gc", "seconds": time.perf_counter() - wall_started,
+                     "cpu_seconds": _cpu_seconds() - cpu_started, "peak": None, "message": "",
+                     "objects": len(gc.get_objects())})
+
+    def _write(self, line: dict[str, Any]) -> None:
         if self.results_path:
             with open(self.results_path, "a", encoding="utf-8") as results:
                 results.write(json.dumps(line) + "\n")

@@ -67,7 +67,7 @@ def command_seconds(code: str) -> tuple[float, float]:
     """Wall and CPU seconds of ``python -c code``: the yardstick for start-up costs."""
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, stderr=subprocess.DEVNULL)
     elapsed = time.perf_counter() - started
     cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return elapsed, (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)

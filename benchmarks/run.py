@@ -5,8 +5,9 @@
     python benchmarks/run.py --quick --workloads spike,leaks
 
 Every workload is a real pytest run in a fresh process (``benchmarks/workloads``). Each
-repetition runs every contender on every selected workload, the contenders' order rotating
-from one repetition to the next, so slow spells of a shared machine spread over all of them.
+repetition runs every contender on every selected workload (order independence and
+isolation: the first two repetitions only), the contenders' order rotating from one
+repetition to the next, so slow spells of a shared machine spread over all of them.
 Progress goes to stderr, the tables to stdout.
 """
 
@@ -40,13 +41,19 @@ SECTIONS = ("overhead", "spike", "order", "leaks", "isolation")
 
 @dataclass(frozen=True)
 class Sizes:
-    repeat: int  # repetitions of every job
+    repeat: int  # repetitions of the overhead, spike and leak jobs
     overhead_tests: int  # tests per overhead process
     runs: int  # spike and leak runs per contender, spread over the repetitions
     isolation_tests: int  # tests per isolation session
+    # Order and isolation figures barely vary between runs while their TensorFlow sessions
+    # take most of the time: they run in the first repetitions only.
+    slow_repeat: int = 2
+
+    def slow_jobs_in(self, rep: int) -> bool:
+        return rep < self.slow_repeat
 
 
-FULL = Sizes(repeat=3, overhead_tests=3, runs=20, isolation_tests=3)
+FULL = Sizes(repeat=3, overhead_tests=3, runs=20, isolation_tests=2)
 QUICK = Sizes(repeat=1, overhead_tests=1, runs=2, isolation_tests=1)
 
 
@@ -71,7 +78,7 @@ def plan(sections: tuple[str, ...], sizes: Sizes) -> list[tuple[int, Job | tuple
                 steps += [(rep, Job("overhead", workload, c, sizes=tests)) for c in _rotated(PEAK_CONTENDERS, rep)]
         if "spike" in sections and runs[0][1] != "0":
             steps += [(rep, Job("spike", "spike.py", c, sizes=runs)) for c in _rotated(MEASURING_CONTENDERS, rep)]
-        if "order" in sections:
+        if "order" in sections and sizes.slow_jobs_in(rep):
             for workload, test, _ in tables.ORDER_TESTS:
                 steps.append((rep, (workload, test)))
                 for contender in _rotated(MEASURING_CONTENDERS, rep):
@@ -79,7 +86,7 @@ def plan(sections: tuple[str, ...], sizes: Sizes) -> list[tuple[int, Job | tuple
                     steps.append((rep, Job("order", workload, contender, "after a heavier test")))
         if "leaks" in sections and runs[0][1] != "0":
             steps += [(rep, Job("leaks", "leaks.py", c, sizes=runs)) for c in _rotated(LEAK_CONTENDERS, rep)]
-        if "isolation" in sections:
+        if "isolation" in sections and sizes.slow_jobs_in(rep):
             tests = (("TFMEM_BENCH_TESTS", str(sizes.isolation_tests)),)
             for workload, _ in tables.ISOLATION_WORKLOADS:
                 steps += [(rep, Job("isolation", workload, c, sizes=tests)) for c in _rotated(ISOLATION_CONTENDERS, rep)]
@@ -105,7 +112,10 @@ def run_all(steps: list[tuple[int, Job | tuple[str, str]]], repeat: int) -> tabl
 
 
 def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, command: str, header: list[str]) -> str:
+    slow = min(sizes.repeat, sizes.slow_repeat)
     repetitions = f"{sizes.repeat} repetition" + ("s" if sizes.repeat > 1 else "")
+    if {"order", "isolation"} & set(sections) and slow < sizes.repeat:
+        repetitions += f", {slow} for order independence and isolation"
     lines = [*header, f"Command: `{command}` ({repetitions}).", ""]
     titles = {
         "overhead": ("**Overhead**: test time (call phase start to report ready; imports, collection and "

@@ -2,23 +2,26 @@
 
     python benchmarks/trace_overhead.py [--repeats 5]
 
-Runs workloads as real ``pytest`` processes and prints the median of the summed test times
-(JUnit XML: set-up, call and teardown of each test): small passing Keras fits with the trace
-feature absent (``-p no:pytest_tfmem.trace``), ``off``, ``on-failure`` (the default once
-TensorFlow is loaded) and, for reference, ``always``, with each one's ratio to "absent"; then
-one failing Keras test with tracing off and on-failure (what its trace costs: the re-run under
-the profiler and writing the directory). The settings alternate within each repeat, so drift
+Runs workloads as real ``pytest`` processes and prints, per setting, the median over repeats
+of the summed per-test time (set-up, call and teardown), both as wall-clock time and as the
+process's CPU time (all threads; unlike wall time, it does not grow when other processes
+compete for the CPU): small passing Keras fits with the trace feature absent
+(``-p no:pytest_tfmem.trace``), ``off``, ``on-failure`` (the default once TensorFlow is
+loaded) and, for reference, ``always``, each with its ratio to "absent"; then one failing
+Keras test with tracing off and on-failure (what its trace costs: the re-run under the
+profiler and writing the directory). The settings alternate within each repeat, so drift
 hits them alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 PASSING_WORKLOAD = """
@@ -44,6 +47,31 @@ def test_small_fit_over_budget():
     model.fit(np.zeros((256, 32), "float32"), np.zeros((256, 1), "float32"), batch_size=32, epochs=1, verbose=0)
 """
 
+# Drives the trace feature's two hook wrappers the way pytest does for a passing measured test,
+# many times, inside a real session with TensorFlow loaded: their own cost per passing test.
+HOOKS_WORKLOAD = """
+import json, os, time
+import pytest
+import tensorflow as tf
+
+CALLS = 20000
+
+@pytest.mark.tfmem(budget="4GB")
+def test_hooks_of_a_passing_test(request):
+    trace = request.config.pluginmanager.get_plugin("tfmem-trace")
+    item, call = request.node, pytest.CallInfo.from_call(lambda: None, "call")
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        for hook, sent in ((trace.pytest_pyfunc_call(item), True), (trace.pytest_runtest_makereport(item, call), None)):
+            next(hook)
+            try:
+                hook.send(sent)
+            except StopIteration:
+                pass
+    with open(os.environ["TFMEM_TRACE_BENCH_HOOKS"], "w") as out:
+        out.write(json.dumps((time.perf_counter() - started) / CALLS))
+"""
+
 SETTINGS = {
     "absent": ["-p", "no:pytest_tfmem.trace"],
     "off": ["--tfmem-trace=off"],
@@ -52,29 +80,52 @@ SETTINGS = {
 }
 
 
-def test_times(directory: Path, arguments: list[str]) -> float:
-    """Run pytest on ``directory``; the summed JUnit time of its tests, in seconds."""
-    junit = directory / "junit.xml"
+# Loaded into the workload's pytest process: per test, wall and CPU seconds of its whole protocol.
+TIMING_CONFTEST = """
+import json, os, time
+import pytest
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        return (yield)
+    finally:
+        with open(os.environ["TFMEM_TRACE_BENCH_TIMES"], "a") as times:
+            times.write(json.dumps([time.perf_counter() - wall, time.process_time() - cpu]) + "\\n")
+"""
+
+
+def test_times(directory: Path, arguments: list[str]) -> tuple[float, float]:
+    """Run pytest on ``directory``; its tests' summed wall and CPU seconds."""
+    times = directory / "times.jsonl"
+    times.unlink(missing_ok=True)
     if "no:pytest_tfmem.trace" not in arguments:
         arguments = [f"--tfmem-trace-dir={directory / 'traces'}", *arguments]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *arguments, str(directory)]
-    subprocess.run(command, cwd=directory, capture_output=True, text=True, check=False)
-    return sum(float(case.get("time", 0)) for case in ET.parse(junit).getroot().iter("testcase"))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments, str(directory)]
+    environment = {**os.environ, "TFMEM_TRACE_BENCH_TIMES": str(times)}
+    subprocess.run(command, cwd=directory, capture_output=True, text=True, check=False, env=environment)
+    rows = [json.loads(line) for line in times.read_text().splitlines()]
+    return sum(wall for wall, _ in rows), sum(cpu for _, cpu in rows)
 
 
-def compare(directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]) -> dict[str, float]:
-    """Median summed test time per setting; the settings alternate so drift hits them alike."""
-    times: dict[str, list[float]] = {name: [] for name in settings}
+def compare(directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]) -> dict[str, tuple[float, float]]:
+    """Median summed (wall, CPU) test time per setting; the settings alternate so drift hits them alike."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in settings}
     for _ in range(repeats):
         for name, arguments in settings.items():
             times[name].append(test_times(directory, [f"--tfmem-budget={budget}", *arguments]))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {
+        name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+        for name, values in times.items()
+    }
 
 
 def workload(root: Path, name: str, source: str) -> Path:
     directory = root / name
     directory.mkdir()
     (directory / "pytest.ini").write_text("[pytest]\n")  # this repository's settings stay out
+    (directory / "conftest.py").write_text(TIMING_CONFTEST)
     (directory / f"test_{name}.py").write_text(source)
     return directory
 
@@ -88,14 +139,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfmem-trace-bench-") as temporary:
         root = Path(temporary)
         medians = compare(workload(root, "keras", PASSING_WORKLOAD), "4GB", args.repeats, SETTINGS)
+        wall_0, cpu_0 = medians["absent"]
         print(f"8 passing Keras fit tests, summed test time ({runs}):")
-        for name, seconds in medians.items():
-            print(f"  trace {name:<11} {seconds:6.2f} s   x{seconds / medians['absent']:.3f}")
+        for name, (wall, cpu) in medians.items():
+            print(f"  trace {name:<11} wall {wall:6.2f} s  x{wall / wall_0:.3f}   CPU {cpu:6.2f} s  x{cpu / cpu_0:.3f}")
         medians = compare(workload(root, "failing", FAILING_WORKLOAD), "8MB", args.repeats, on_off)
         print(f"1 failing Keras fit test, its test time ({runs}):")
-        for name, seconds in medians.items():
-            print(f"  trace {name:<11} {seconds:6.3f} s")
-        print(f"  its trace (re-run under the profiler, files written): {medians['on-failure'] - medians['off']:+.2f} s")
+        for name, (wall, cpu) in medians.items():
+            print(f"  trace {name:<11} wall {wall:6.2f} s   CPU {cpu:6.2f} s")
+        added = medians["on-failure"][0] - medians["off"][0]
+        print(f"  its trace (re-run under the profiler, files written): {added:+.2f} s wall")
+        print(f"the trace feature's hooks, per passing measured test: {hook_cost(root) * 1e6:.1f} us")
+
+
+def hook_cost(root: Path) -> float:
+    """Seconds the trace feature's own hook wrappers take for one passing measured test."""
+    directory = workload(root, "hooks", HOOKS_WORKLOAD)
+    result = directory / "hooks.json"
+    environment = {**os.environ, "TFMEM_TRACE_BENCH_HOOKS": str(result)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(directory)]
+    subprocess.run(command, cwd=directory, capture_output=True, text=True, check=False, env=environment)
+    return float(json.loads(result.read_text()))
 
 
 if __name__ == "__main__":

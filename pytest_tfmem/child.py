@@ -136,8 +136,8 @@ class ChildRun:
             return (yield)
         finally:
             # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
-            # start of the test body: the process's exact peak over the body. (ru_maxrss is
-            # not reset with it: exiting threads fold the earlier high-water mark into it.)
+            # start of the test body: the process's exact peak over the body. (Not ru_maxrss:
+            # it starts from the parent's size, copied at fork, and no reset lowers it.)
             peak = host._read_status_kib("VmHWM")["VmHWM"]
             self._write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
 

@@ -52,8 +52,8 @@ def isolated_section(
     ``process_peak`` is the child's peak RSS over the test body, exact: the kernel's
     high-water mark (reset when the body starts) read when the body ends, folded with the
     record's own host peak, which survives resets by nested ``tfmem.measure()`` windows.
-    For a child that died in the body it is the kernel's figure for the dead child
-    (``wait4``) or the watchdog's sampled figure for its tree, whichever is higher.
+    For a child that died it is the higher of the child's high-water mark as the watchdog
+    last read it (exact up to that reading, start-up included) and the tree's sampled peak.
     """
     call = next((event for event in events if event["event"] == "call"), None)
     call_end = next((event for event in events if event["event"] == "call_end"), None)
@@ -68,7 +68,7 @@ def isolated_section(
     if call_end is not None:
         process_peak = max(call_end["peak_rss"], host_peak)
     else:
-        process_peak = max(result.process_maxrss, result.peak_rss)
+        process_peak = max(result.child_peak_rss, result.peak_rss)
     death = None
     if result.killed_at_limit:
         death = "killed at kill_at"
@@ -119,7 +119,7 @@ def sampled_measurement(result: WatchResult, call_start_rss: int | None, interva
     """What the watchdog saw of a test that died: sampled, so not exact."""
     if call_start_rss is None or not result.timeline:
         return None
-    peak = max(result.peak_rss, result.process_maxrss)
+    peak = max(result.peak_rss, result.child_peak_rss)
     view = ViewReading("host", call_start_rss, max(peak, call_start_rss), result.last_rss)
     note = f"the test died: its process tree was sampled every {interval_s * 1000:.0f} ms by the watchdog"
     return Measurement((view,), result.elapsed_s, exact=False, notes=(note,))

@@ -1,8 +1,10 @@
 """Watch a child process and its descendants; kill the tree at a hard memory limit.
 
 The watcher samples the tree's resident memory (the child plus every process it started)
-every ``interval_s`` from a thread, while the calling thread waits for the child with
-``os.wait4``, which also returns the kernel's exact peak RSS of the child (``ru_maxrss``).
+every ``interval_s`` from a thread, while the calling thread waits for the child. With each
+sample it also reads the child's own high-water mark (``VmHWM`` in ``/proc/PID/status``),
+which the kernel keeps exactly, spikes between two samples included. (``ru_maxrss`` from
+``wait4`` would not do: it starts from the parent's size, copied at fork and kept by exec.)
 When a reading reaches ``kill_at`` the tree is sent SIGKILL at once: a process that
 allocates fast can still overshoot the limit by what it allocates within one interval.
 """
@@ -43,7 +45,7 @@ class WatchResult:
     killed_at_limit: bool  # the watchdog sent the SIGKILL
     last_rss: int  # process tree RSS at the last sample
     peak_rss: int  # highest sampled process tree RSS
-    process_maxrss: int  # the child's own peak RSS over its life, exact, from the kernel (ru_maxrss)
+    child_peak_rss: int  # the child's own high-water mark, exact, as last read (0 if never read)
     elapsed_s: float
     timeline: list[tuple[float, int]] = field(default_factory=list)
     oom_kills: int | None = None  # OOM kills in this cgroup while the child ran, if known
@@ -58,7 +60,7 @@ class WatchResult:
         lines = [
             (
                 f"process tree RSS: last {format_size(self.last_rss)}, peak {format_size(self.peak_rss)} "
-                f"(sampled); child's exact peak RSS {format_size(self.process_maxrss)}; "
+                f"(sampled); the child's own peak {format_size(self.child_peak_rss)} (kernel high-water mark); "
                 f"after {self.elapsed_s:.2f} s"
             ),
         ]
@@ -83,13 +85,25 @@ def describe_signal(result: WatchResult) -> str:
     return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
 
 
+def read_high_water_mark(pid: int) -> int | None:
+    """A process's peak RSS since it started or last reset it (``VmHWM``), in bytes."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None  # gone, or a zombie (no memory left to describe)
+
+
 def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
     """At most ``points`` samples, keeping each bucket's highest reading and the last one."""
     if len(timeline) <= points:
         return list(timeline)
     size = -(-len(timeline) // (points - 1))
     kept = [max(timeline[i : i + size], key=lambda sample: sample[1]) for i in range(0, len(timeline) - 1, size)]
-    return [*kept, timeline[-1]]
+    return kept if kept[-1] == timeline[-1] else [*kept, timeline[-1]]
 
 
 class ProcessTreeRss:
@@ -138,12 +152,13 @@ class Watchdog:
         self._available = system.available_memory()
         self._available_read = time.monotonic()
         self._timeline: list[tuple[float, int]] = []
+        self._child_peak = 0
         self._done = threading.Event()
         self._t0 = time.monotonic()
 
     def _kill_tree(self) -> None:
         self._tree.refresh()
-        try:  # os.kill, not Popen.send_signal: its poll() would race with wait4 and reap
+        try:  # os.kill: Popen.send_signal would poll() from this thread while the other waits
             os.kill(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
@@ -163,6 +178,7 @@ class Watchdog:
                 rss = self._tree.read()
             except psutil.Error:  # the child has exited
                 return
+            self._child_peak = max(self._child_peak, read_high_water_mark(self.process.pid) or 0)
             if time.monotonic() - self._available_read >= _TREE_REFRESH_S:
                 self._available, self._available_read = system.available_memory(), time.monotonic()
             self._timeline.append((time.monotonic() - self._t0, rss))
@@ -178,13 +194,12 @@ class Watchdog:
         watcher = threading.Thread(target=self._watch, name="tfmem-watchdog", daemon=True)
         watcher.start()
         try:
-            _, status, usage = os.wait4(self.process.pid, 0)
+            self.process.wait()
         except BaseException:  # interrupted (Ctrl-C): the child must not outlive the wait
             self._done.set()
             self._kill_tree()
             self.process.wait()
             raise
-        self.process.returncode = os.waitstatus_to_exitcode(status)
         elapsed = time.monotonic() - self._t0
         self._done.set()
         watcher.join()
@@ -198,7 +213,7 @@ class Watchdog:
             killed_at_limit=self.killed_at_limit and self.process.returncode == -signal.SIGKILL,
             last_rss=timeline[-1][1] if timeline else 0,
             peak_rss=max((rss for _, rss in timeline), default=0),
-            process_maxrss=usage.ru_maxrss * 1024,
+            child_peak_rss=self._child_peak,
             elapsed_s=elapsed,
             timeline=timeline,
             oom_kills=None if oom_before is None or oom_after is None else oom_after - oom_before,

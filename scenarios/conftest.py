@@ -43,8 +43,14 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def keras_warmed_up() -> None:
     """Keras's one-time costs paid before any scenario is measured (set-up is not charged)."""
+    import tensorflow as tf
+
     from .warmup import warm_up_keras
 
+    version = str(getattr(tf.keras, "__version__", None))
+    if not version.startswith("3."):
+        pytest.skip(f"the scenarios' budgets are measured with Keras 3; tf.keras is {version} here "
+                    "(Keras 2 through TF_USE_LEGACY_KERAS?)")
     warm_up_keras()
 
 

@@ -22,7 +22,7 @@ FEATURES = 784
 CLASSES = 10
 BATCH_SIZE = 256
 SHARD_SAMPLES = 5_000
-SAMPLES = int(40_000 * scale())  # 125 MB of float32 features at scale 1
+SAMPLES = int(30_000 * scale())  # 94 MB of float32 features at scale 1
 
 
 def write_shards(directory: Path, samples: int = SAMPLES, seed: int = 0) -> Path:

@@ -8,7 +8,7 @@ from pytest_tfmem import BudgetExceeded
 
 from . import large_dataset
 
-pytestmark = pytest.mark.scenario("1. large dataset")
+pytestmark = [pytest.mark.scenario("1. large dataset"), pytest.mark.usefixtures("keras")]
 # Streaming needs ~40 MB whatever the size; the in-memory problem ~360 MB at scale 1.
 BUDGET = "120MB"
 

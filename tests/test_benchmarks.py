@@ -91,6 +91,7 @@ def test_every_workload_runs_and_every_table_renders(tmp_path):
         assert heading in markdown
     keras = table_row(markdown, "small Keras fit (TensorFlow): test time, median of 1 tests")
     assert all(cell.endswith("s") or "%)" in cell for cell in keras[1:]), keras
+    assert "One full `gc.collect()`" in markdown and "objects; numpy-heavy" in markdown
     # fresh-process reference of 300 MB of small numpy arrays: about 286 MiB
     reference = table_row(markdown, "**numpy heap: 300 MB of 100 KB arrays**")
     assert reference[2].endswith("MiB") and 250 < float(reference[2].split()[0]) < 320, reference
