@@ -58,8 +58,10 @@ class BatchSizeReport:
     def __str__(self) -> str:
         found = "no batch size fits" if self.batch_size is None else f"largest batch that fits: {self.batch_size}"
         lines = [
-            f"{found} (budget {format_size(self.budget)}, searched {self.low}..{self.high} "
-            f"in steps of {self.resolution}, {len(self.trials)} trials)",
+            (
+                f"{found} (budget {format_size(self.budget)}, searched {self.low}..{self.high} "
+                f"in steps of {self.resolution}, {len(self.trials)} trials)"
+            ),
             f"{'trial':>5}  {'batch':>7}  {'peak':>11}  outcome",
         ]
         for number, trial in enumerate(self.trials, 1):

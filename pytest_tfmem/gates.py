@@ -7,7 +7,6 @@ from the test reports, saves baselines and writes reports.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -96,8 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     gates = CiGates(config)
     config.pluginmanager.register(gates, PLUGIN_NAME)
     if gates.active:
-        manager = plugin.manager(config)
-        manager.settings = dataclasses.replace(manager.settings, any_set=True)  # measure every test
+        plugin.manager(config).measure_every_test = True
 
 
 def _is_worker(config: pytest.Config) -> bool:

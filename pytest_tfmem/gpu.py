@@ -95,8 +95,7 @@ def pytest_configure(config: pytest.Config) -> None:
     devices = DeviceMemory(config)
     config.pluginmanager.register(devices, PLUGIN_NAME)
     if devices.budget is not None or devices.limit is not None:
-        manager = plugin.manager(config)
-        manager.settings = dataclasses.replace(manager.settings, any_set=True)  # measure every test
+        plugin.manager(config).measure_every_test = True
 
 
 # -- checks --------------------------------------------------------------------------------

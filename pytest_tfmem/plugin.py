@@ -66,11 +66,13 @@ class TfmemManager:
         self.config = config
         self.settings = settings.CoreSettings.from_config(config)
         self.records: list[TestRecord] = []
+        # A tfmem option was given (budget, baseline, report, GPU budget...): measure every test
+        self.measure_every_test = self.settings.any_set
         self._tensorflow_prepared = False
 
     def is_measured(self, item: pytest.Item) -> bool:
         return (
-            self.settings.any_set
+            self.measure_every_test
             or any(item.get_closest_marker(name) for name in MEASURING_MARKERS)
             or "tfmem" in getattr(item, "fixturenames", ())
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,7 +171,7 @@ class TracePlugin:
             return (yield)
         except BaseException as failure:
             if mode == ON_FAILURE and _unexpected_failure(pyfuncitem, failure) and can_rerun(pyfuncitem):
-                self._trace_rerun(pyfuncitem)
+                _without_hiding_the_outcome(pyfuncitem, lambda: self._trace_rerun(pyfuncitem))
             raise
 
     def _trace_own_run(self, item: pytest.Function) -> Generator[None, object, object]:
@@ -184,7 +184,7 @@ class TracePlugin:
                 return (yield)
         finally:
             if capture is not None:
-                self._finish(item, capture, None)
+                _without_hiding_the_outcome(item, lambda: self._finish(item, capture, None))
 
     def _trace_rerun(self, item: pytest.Function) -> None:
         directory = self._new_directory(item)
@@ -300,6 +300,16 @@ def section_lines(info: dict[str, Any]) -> list[str]:
     lines.append(f"trace directory: {directory}")
     lines.append(f"open it: {info['tensorboard']}")
     return lines
+
+
+def _without_hiding_the_outcome(item: pytest.Item, step: Callable[[], None]) -> None:
+    """Run a tracing step; if it fails, warn instead of replacing the test's own outcome."""
+    try:
+        step()
+    except pytest.exit.Exception:
+        raise
+    except Exception as error:
+        item.warn(pytest.PytestWarning(f"pytest-tfmem: the trace of this test is incomplete: {error!r}"))
 
 
 def _parent_session(parent_pid: int) -> str | None:

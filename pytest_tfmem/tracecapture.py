@@ -57,15 +57,14 @@ class Capture:
 @contextmanager
 def capturing(directory: Path) -> Iterator[Capture]:
     """Profile and sample the block into ``directory``; both stop when it ends, however it ends."""
-    profiler = ProfilerCapture(tf_probe.loaded_tensorflow(), directory)
-    profiler.start()
-    capture = Capture(directory, profiler, TimelineSampler(memory_views()))
-    capture.sampler.start()
+    capture = Capture(directory, ProfilerCapture(tf_probe.loaded_tensorflow(), directory), TimelineSampler(memory_views()))
+    capture.profiler.start()
     try:
+        capture.sampler.start()
         yield capture
     finally:
         capture.timeline = capture.sampler.stop()
-        profiler.stop()
+        capture.profiler.stop()
 
 
 def tensorboard_command(directory: str) -> str:

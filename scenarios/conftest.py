@@ -1,8 +1,9 @@
 """Scenario suite glue: the ``scenario``/``variant`` markers and the side-by-side summary table.
 
-Each variant test carries ``@pytest.mark.variant(role, description)`` (role ``problem``, ``fix``
-or ``no help`` for advice that saved nothing here) in a module marked ``pytestmark = pytest.mark.scenario(name)``. The variant rides on the
-test report (so pytest-xdist's controller sees it too) and is joined with the test's tfmem record
+Each variant test carries ``@pytest.mark.variant(role, description)`` (role ``problem``, ``fix``,
+or ``no help`` for advice that saved nothing here) in a module marked
+``pytestmark = pytest.mark.scenario(name)``. The variant rides on the test report (so the
+pytest-xdist controller and isolated runs see it too) and is joined with the test's tfmem record
 at the end of the session into one table: per scenario, each variant's peak, its ratio to the
 problem's peak, its leak per iteration where a leak check ran, and the outcome.
 """
@@ -16,15 +17,18 @@ from types import ModuleType
 
 import pytest
 
-import scenarios
 from pytest_tfmem.records import TestRecord, record_from_report
 from pytest_tfmem.report import render_table
 from pytest_tfmem.units import format_size
+
+from . import scale
 
 VARIANT_PROPERTY = "tfmem_scenario_variant"
 TABLE_PLUGIN = "tfmem-scenario-table"
 # How a failed check reads in the table's outcome column.
 CHECK_WORDS = {"budget": "over budget", "leak": "leak", "kill_at": "killed at kill_at", "signal": "killed by a signal"}
+# One variant's result: its marker data, its tfmem record (if measured), its outcome.
+Row = tuple[dict[str, str], "TestRecord | None", str]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "variant(role, description): a scenario's variant; role 'problem', 'fix' or 'no help'"
     )
     try:
-        scenarios.scale()
+        scale()
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     if not config.pluginmanager.has_plugin(TABLE_PLUGIN):
@@ -47,17 +51,16 @@ def keras_warmed_up() -> None:
 
     from .warmup import warm_up_keras
 
-    version = str(getattr(tf.keras, "__version__", None))
-    if not version.startswith("3."):
-        pytest.skip(f"the scenarios' budgets are measured with Keras 3; tf.keras is {version} here "
-                    "(Keras 2 through TF_USE_LEGACY_KERAS?)")
+    if not str(getattr(tf.keras, "__version__", "")).startswith("3."):
+        pytest.skip("the scenarios' budgets are measured with Keras 3; tf.keras is not Keras 3 here "
+                    "(TF_USE_LEGACY_KERAS=1?)")
     warm_up_keras()
 
 
 @pytest.fixture
 def keras(keras_warmed_up: None) -> Iterator[ModuleType]:
-    """``tf.keras``, warmed up; Keras's global state cleared after the test, so that what one
-    scenario leaves behind (traced functions holding its model's weights) is not carried on."""
+    """``tf.keras``, warmed up; Keras's global state (name counters, dtype policy) cleared after
+    the test. (What TensorFlow 2.21 keeps of a fitted model stays: scenario 4 measures it.)"""
     import tensorflow as tf
 
     yield tf.keras
@@ -80,7 +83,7 @@ class ScenarioTable:
     """Gathers variant results from reports; prints them side by side after pytest-tfmem's table."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[dict[str, str], TestRecord | None, str]] = []
+        self.rows: list[Row] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
@@ -101,7 +104,7 @@ class ScenarioTable:
     def table(self) -> list[list[str]]:
         header = ["scenario / variant", "peak", "vs problem", "leak/iter", "outcome"]
         rows = [header]
-        by_scenario: dict[str, list[tuple[dict[str, str], TestRecord | None, str]]] = {}
+        by_scenario: dict[str, list[Row]] = {}
         for row in self.rows:
             by_scenario.setdefault(row[0]["scenario"], []).append(row)
         for scenario in sorted(by_scenario):

@@ -13,7 +13,7 @@ from .warmup import warm_up_keras
 
 pytestmark = [pytest.mark.scenario("3. big batch"), pytest.mark.usefixtures("keras")]
 MB = 10**6
-# Measured at scale 1: ~1.1 MB per image; batch 32 ~40-55 MB, batch 128 ~140-155 MB.
+# Measured at scale 1: ~1.1 MB per image; batch 32 ~40-55 MB, batch 128 ~140-180 MB.
 BUDGET = "100MB"
 
 

@@ -99,8 +99,8 @@ def test_the_scenario_suite_passes_a_4GB_budget_and_prints_all_five_scenarios(py
         "scenario / variant * peak * vs problem * leak/iter * outcome",
         "1. large dataset", "*caught: over budget", "*passed",
         "2. deep model: inference", "*caught: over budget", "*passed",
-        "2. deep model: training", "*caught: over budget", "*passed", "*no help: over budget",
+        "2. deep model: training", "*caught: over budget (isolated)", "*passed", "*no help: over budget (isolated)",
         "3. big batch", "*caught: over budget", "*passed",
         "4. looped models", "*caught: leak", "*no help: leak", "*passed",
-        "5. killed", "*caught: killed at kill_at", "*passed",
+        "5. killed", "*caught: killed at kill_at (isolated)", "*passed (isolated)",
     ])

@@ -195,3 +195,20 @@ def test_an_isolated_test_is_traced_into_the_sessions_directory(pytester: pytest
     assert session.name.endswith(f"_{os.getpid()}")  # the session's own directory, not the child's
     assert [p.name for p in tracedirs.traced_tests(session)] == ["test_isolated.py__test_over_budget_in_its_own_process"]
     result.stdout.fnmatch_lines([f"open it: tensorboard --logdir .tfmem/traces/{session.name}/test_isolated.py__*"])
+
+
+def test_a_trace_that_cannot_be_written_warns_and_leaves_the_failure_as_it_was(pytester: pytest.Pytester) -> None:
+    pytester.makefile(".txt", blocker="a file where the trace directory should go")
+    pytester.makepyfile(
+        test_x="""
+        import pytest
+
+        @pytest.mark.tfmem(budget="1KB")
+        def test_fails():
+            assert 1 == 2
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=on-failure", "--tfmem-trace-dir=blocker.txt/t")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E       assert 1 == 2", "*PytestWarning: pytest-tfmem: no trace for this test:*"])
+    assert " tfmem trace " not in result.stdout.str()
