@@ -74,7 +74,10 @@ def test_a_loop_fix_without_its_essential_line_fails_the_suite(pytester: pytest.
     result.stdout.fnmatch_lines([
         "  fix: fit eagerly (run_eagerly=True) + clear_session() * FAILED: leak",
     ])
-    result.stdout.fnmatch_lines(["tfmem: leak: +* per iteration > max_growth 250.0 KiB *", "  TF function library * +*"])
+    result.stdout.fnmatch_lines([
+        "tfmem: leak: +* per iteration > max_growth 250.0 KiB *",
+        "  TF function library * +*",
+    ])
 
 
 def test_a_bad_scale_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
