@@ -212,6 +212,9 @@ class TfmemIsolation:
             for event in events
             if event["event"] == "report"
         ]
+        for report in reports:
+            if isinstance(report.longrepr, list):  # a skip's (path, line, reason), listified by JSON
+                report.longrepr = tuple(report.longrepr)
         isolated = isolated_section(result, events, reports)
         for report in reports:
             add_isolated_numbers(report, isolated)
