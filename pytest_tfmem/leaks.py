@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import measure
-from .checks import Verdict
+from .checks import Verdict, view_label
 from .errors import FAILURE_BY_CHECK, TfmemFailure
 from .leak_diagnosis import GrowthTracker, LeakDiagnosis
 from .probes import host
@@ -58,10 +58,6 @@ def check_arguments(iterations: object, warmup: object, max_growth: object) -> t
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"invalid warmup {warmup!r}: expected a whole number >= 0")
     return iterations, warmup, parse_size(max_growth, what="max_growth")
-
-
-def view_label(view: str) -> str:
-    return "host RSS" if view == "host" else f"TF {view[3:]} allocator"
 
 
 @dataclass(frozen=True)

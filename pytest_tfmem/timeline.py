@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import view_label
 from .probes import host
 from .units import format_size
 
@@ -42,10 +43,6 @@ def host_view() -> MemoryView:
 def scalar_tag(view: str) -> str:
     """``host`` -> ``memory/host_rss_mib``; ``tf:CPU:0`` -> ``memory/tf_CPU:0_mib``."""
     return SCALAR_PREFIX + ("host_rss" if view == "host" else view.replace("tf:", "tf_")) + "_mib"
-
-
-def view_label(view: str) -> str:
-    return "host RSS" if view == "host" else f"TF {view[3:]} allocator"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from . import plugin, settings, tracedirs
 from .checks import describe_views
 from .child import IN_CHILD
 from .probes import tf as tf_probe
-from .records import PROPERTY, TestRecord
+from .records import republish
 from .rerun import RerunResult, can_rerun, rerun_test_body, separate_output
 from .tracecapture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
 from .units import format_size
@@ -233,7 +233,7 @@ class TracePlugin:
         item.stash[TRACE] = info
         if record is not None:
             record.extra["trace"] = info
-            _republish(item, record)
+            republish(item, record)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, Any]:
@@ -321,14 +321,6 @@ def _parent_session(parent_pid: int) -> str | None:
 def _first_line(text: str, limit: int = 200) -> str:
     line = text.splitlines()[0] if text else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _republish(item: pytest.Item, record: TestRecord) -> None:
-    """Refresh the record already attached to the item's properties, now that it has a trace."""
-    fresh = record.user_properties()[0]
-    for index, (name, _) in enumerate(item.user_properties):
-        if name == PROPERTY:
-            item.user_properties[index] = fresh
 
 
 def _unexpected_failure(item: pytest.Item, raised: BaseException) -> bool:
