@@ -94,7 +94,7 @@ def hook_time_per_test(directory: Path) -> float:
                "--tfmem-budget=4GB", "--tfmem-explain", str(directory)]
     subprocess.run(command, cwd=directory, capture_output=True, text=True, check=False)
     stats = pstats.Stats(str(profile)).stats  # type: ignore[attr-defined]
-    hooks = ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_makereport")
+    hooks = ("pytest_runtest_call", "pytest_runtest_makereport", "pytest_tfmem_rerun_wanted")
     total = sum(
         cumulative
         for (filename, _, function), (_, _, _, cumulative, _) in stats.items()

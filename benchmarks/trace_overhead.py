@@ -62,7 +62,7 @@ def test_hooks_of_a_passing_test(request):
     item, call = request.node, pytest.CallInfo.from_call(lambda: None, "call")
     started = time.perf_counter()
     for _ in range(CALLS):
-        for hook, sent in ((trace.pytest_pyfunc_call(item), True), (trace.pytest_runtest_makereport(item, call), None)):
+        for hook, sent in ((trace.pytest_runtest_call(item), None), (trace.pytest_runtest_makereport(item, call), None)):
             next(hook)
             try:
                 hook.send(sent)

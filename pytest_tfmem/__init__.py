@@ -2,7 +2,7 @@
 
 from .batchsize import BatchSizeReport, BatchTrial, find_max_batch_size
 from .errors import BudgetExceeded, DeviceOutOfMemory, GpuBudgetExceeded, MemoryRegression, TfmemFailure
-from .leaks import LeakDetected, LeakReport, leak_check
+from .leaks import LeakDetected, LeakReport, assert_no_leak, leak_check
 from .measure import Measurement, Monitor, ViewReading
 from .units import format_size, parse_size
 
@@ -22,6 +22,7 @@ __all__ = [
     "TfmemFailure",
     "ViewReading",
     "__version__",
+    "assert_no_leak",
     "find_max_batch_size",
     "format_size",
     "leak_check",

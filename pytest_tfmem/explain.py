@@ -34,14 +34,15 @@ from .explain_tf import AllocatorPeak, TraceUnreadable, memory_profile, peak_all
 from .probes import tf as tf_probe
 from .profiler import ProfilerCapture
 from .records import PROPERTY, TestRecord
-from .rerun import can_rerun, rerun_test_body, separate_output
-from .trace import ALWAYS as TRACE_ALWAYS, PLUGIN_NAME as TRACE_PLUGIN, TRACE
+from .rerun import Rerun
+from .trace import ALWAYS as TRACE_ALWAYS, PLUGIN_NAME as TRACE_PLUGIN, RERUN_LABEL as TRACE_RERUN_LABEL, TRACE
 from .tracecapture import update_summary
 from .units import format_size
 
 RERUN, FROM_START = "rerun", "from-start"
 MODES = (RERUN, FROM_START)
 PLUGIN_NAME = "tfmem-explain"
+RERUN_LABEL = "memory-by-line table"  # what a re-run gives this feature, as the report names it
 SECTION_KEY = "explain"  # in ``TestRecord.extra`` and the trace's ``summary.json``
 TF_SECTION = "memory at the peak by TensorFlow op"
 LEGEND = [
@@ -212,55 +213,53 @@ class ExplainPlugin:
         return trace is not None and trace.mode_for(item) == TRACE_ALWAYS
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         """``from-start``: trace the test's own run (the profiler too, unless the trace feature does)."""
-        request = self.request_for(pyfuncitem)
+        request = self.request_for(item)
         if request is None or request.mode != FROM_START:
             return (yield)
+        assert isinstance(item, pytest.Function)
         try:
-            run = self._start(pyfuncitem, request, FROM_START, profile=not self._trace_profiles_own_run(pyfuncitem))
+            run = self._start(item, request, FROM_START, profile=not self._trace_profiles_own_run(item))
         except Exception as error:  # the test runs anyway, untraced
-            pyfuncitem.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
+            item.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
             return (yield)
         try:
             return (yield)
         finally:
             self._stop(run)
-            pyfuncitem.stash[OWN_RUN] = run
+            item.stash[OWN_RUN] = run
 
-    @pytest.hookimpl(wrapper=True, trylast=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, object, object]:
-        """After the call (and the trace feature's re-run): explain a memory failure."""
-        try:
+    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
+        request = self.request_for(item)
+        return RERUN_LABEL if request is not None and request.mode == RERUN else None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the trace's: its trace is written when this reads it
+    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> Generator[None, None, None]:
+        """``rerun``: the line tracer (and the profiler, unless the trace feature profiles) over the re-run."""
+        request = self.request_for(item)
+        if request is None or RERUN_LABEL not in rerun.wanted_by:
             return (yield)
-        except BaseException:
-            request = self.request_for(item)
-            record = item.stash.get(plugin.RECORD, None)
-            if request is not None and record is not None and record.failed_verdicts:
-                assert isinstance(item, pytest.Function)
-                try:
-                    self.explain(item, request, record)
-                except Exception as error:  # explaining must never hide the test's own failure
-                    item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
-            raise
+        assert isinstance(item, pytest.Function)
+        run = self._start(item, request, RERUN, profile=TRACE_RERUN_LABEL not in rerun.wanted_by)
+        try:
+            yield
         finally:
-            own_run = item.stash.get(OWN_RUN, None)
-            if own_run is not None:
-                del item.stash[OWN_RUN]
-                _remove_capture(own_run.profiler)
+            self._stop(run)
+        if rerun.result is not None:
+            run.peak, run.error = rerun.result.measurement.peak, rerun.result.error
+        record = item.stash[plugin.RECORD]
+        try:
+            self.explain(item, request, record, run)
+        except Exception as error:  # explaining must never hide the test's own failure
+            item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
+        finally:
+            _remove_capture(run.profiler)
 
-    def explain(self, item: pytest.Function, request: ExplainRequest, record: TestRecord) -> None:
-        """Trace the failed test (or take its traced run), read its TF trace, publish both."""
+    def explain(self, item: pytest.Item, request: ExplainRequest, record: TestRecord, run: TracedRun) -> None:
+        """Read the failed test's traced run (its TF trace too) and publish the explanation."""
         trace = item.stash.get(TRACE, None)
         trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
-        run = item.stash.get(OWN_RUN, None)
-        if run is None and request.mode == FROM_START:
-            return  # the test failed before its body ran
-        if run is None and not can_rerun(item):
-            _publish(item, record, explanation(record, None, [], [], ""), [], [], trace)
-            return
-        if run is None:
-            run = self._rerun(item, request, profile=not trace_files)
         if trace_files:
             source = "the test's TensorBoard trace (" + (
                 "its re-run by the trace feature)" if trace["traced"] == "rerun" else "its own run)")
@@ -273,21 +272,21 @@ class ExplainPlugin:
         allocators = _tensorflow_peaks(profile_files, request.top, run.notes)
         lines = run.tracer.results()
         _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
-        if run.how == RERUN:
-            _remove_capture(run.profiler)
-
-    def _rerun(self, item: pytest.Function, request: ExplainRequest, profile: bool) -> TracedRun:
-        with separate_output(item):
-            run = self._start(item, request, RERUN, profile)
-            try:
-                result = rerun_test_body(item)
-            finally:
-                self._stop(run)
-        run.peak, run.error = result.measurement.peak, result.error
-        return run
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outer: after the core's ``tfmem`` section
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, Any]:
+        """A test traced from the start that failed a tfmem check is explained before its call
+        report is made (by then every feature has finished with the test's own run)."""
+        own_run = item.stash.get(OWN_RUN, None) if call.when == "call" else None
+        if own_run is not None:
+            del item.stash[OWN_RUN]
+            request, record = self.request_for(item), item.stash.get(plugin.RECORD, None)
+            if request is not None and record is not None and record.failed_verdicts:
+                try:
+                    self.explain(item, request, record, own_run)
+                except Exception as error:  # explaining must never hide the test's own failure
+                    item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
+            _remove_capture(own_run.profiler)
         report = yield
         if call.when == "call":
             report.sections.extend(item.stash.get(SECTIONS, []))
@@ -306,21 +305,19 @@ def _tensorflow_peaks(files: list[Path], top: int, notes: list[str]) -> list[All
     return []
 
 
-def explanation(record: TestRecord, run: TracedRun | None, lines: list[FunctionLines],
+def explanation(record: TestRecord, run: TracedRun, lines: list[FunctionLines],
                 allocators: list[AllocatorPeak], source: str) -> dict[str, Any]:
-    """What goes into the record and ``summary.json``; ``run`` is ``None`` for a test that cannot be re-run."""
+    """What goes into the record and ``summary.json``."""
     verdict_peak = record.measurement.peak if record.measurement is not None else None
-    notes = list(run.notes) if run is not None else []
-    if run is None:
-        how = "not explained: an async test cannot be re-run; use explain_mode='from-start'"
-    elif run.how == RERUN:
+    notes = list(run.notes)
+    if run.how == RERUN:
         how = (f"re-run once after the failure, with the same fixture values, under a line tracer: peak "
                f"{format_size(run.peak)} (the failed run: {format_size(verdict_peak)})")
         if run.error:
             how += f"; the re-run raised {run.error.splitlines()[0][:200]}"
     else:
         how = "the test's own run, traced from the start (its verdict includes what the tracers used)"
-    if run is not None and not lines:
+    if not lines:
         notes.append("no line of a traced function ran")
     largest = max(
         ((function, row) for function in lines for row in function.rows),
@@ -328,9 +325,9 @@ def explanation(record: TestRecord, run: TracedRun | None, lines: list[FunctionL
         default=None,
     )
     return {
-        "how": run.how if run is not None else RERUN,
+        "how": run.how,
         "description": how,
-        "rerun": {"peak_bytes": run.peak, "error": run.error} if run is not None and run.how == RERUN else None,
+        "rerun": {"peak_bytes": run.peak, "error": run.error} if run.how == RERUN else None,
         "lines": [function.to_dict() for function in lines],
         "largest": None if largest is None else {
             "function": largest[0].name, "file": largest[0].filename, "line": largest[1].line,

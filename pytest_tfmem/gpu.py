@@ -101,6 +101,18 @@ def pytest_configure(config: pytest.Config) -> None:
 # -- checks --------------------------------------------------------------------------------
 
 
+def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
+    """A ``tf.errors.ResourceExhaustedError`` from the test, as a verdict (unless the test expects it)."""
+    tf = tf_probe.loaded_tensorflow()
+    if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
+        return None
+    devices = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    limit = devices.applied_limit if isinstance(devices, DeviceMemory) else None
+    found = oom.parse_oom(_tf_message(error))
+    record.extra[oom.CHECK] = oom.record_section(found, limit)
+    return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, None))
+
+
 def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
     """``(view, increase)`` a GPU budget reads: TF's GPU allocators, else NVML's per-GPU views."""
     for prefix in ("tf:GPU", "nvml:"):
@@ -172,6 +184,10 @@ def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str]) -> 
     if unchecked:
         notes.append(f"GPU budget not checked in {len(unchecked)} test(s): no GPU memory view")
     return notes
+
+
+def _tf_message(error: BaseException) -> str:
+    return str(getattr(error, "message", error))
 
 
 def _expects(item: pytest.Item, error: BaseException) -> bool:
@@ -249,7 +265,7 @@ class DeviceMemory:
         for problem in problems:
             warnings.warn(TfmemDeviceWarning(f"pytest-tfmem: {problem}"), stacklevel=2)
 
-    def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
+    def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
         arguments = item.stash.get(plugin.ARGUMENTS, {})
         budget = arguments.get("gpu_budget", self.budget)  # the marker's None exempts
         assert record.measurement is not None
@@ -261,23 +277,20 @@ class DeviceMemory:
         return check_gpu_budget(record.measurement, budget)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the core's measurement
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
-        """A ``ResourceExhaustedError`` from a measured test becomes a ``DeviceOutOfMemory``."""
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """A ``ResourceExhaustedError`` from a measured test function becomes a ``DeviceOutOfMemory``
+        (a ``unittest.TestCase`` method keeps TF's error; its tfmem section has the verdict)."""
         try:
             return (yield)
         except Exception as error:
-            tf = tf_probe.loaded_tensorflow()
-            record = pyfuncitem.stash.get(plugin.RECORD, None)
-            if tf is None or record is None or not isinstance(error, tf.errors.ResourceExhaustedError):
+            record = item.stash.get(plugin.RECORD, None)
+            verdict = next((v for v in record.verdicts if v.check == oom.CHECK), None) if record else None
+            if record is None or verdict is None:
                 raise
-            if _expects(pyfuncitem, error):
-                raise
-            found = oom.parse_oom(getattr(error, "message", str(error)))
             trace = record.extra.get("trace", {}).get("shown_directory")
-            message = oom.describe_oom(found, record.measurement, self.applied_limit, trace)
-            record.verdicts.append(Verdict(oom.CHECK, False, message))
-            record.extra[oom.CHECK] = oom.record_section(found, self.applied_limit)
-            republish(pyfuncitem, record)
+            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, self.applied_limit, trace)
+            record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
+            republish(item, record)
             failure = DeviceOutOfMemory(message)
             failure.tf_error = error  # the message already quotes it: no chained traceback
             raise failure from None

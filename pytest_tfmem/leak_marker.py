@@ -2,7 +2,8 @@
 
 ``@pytest.mark.tfmem_leak(iterations=10, warmup=3, max_growth="1MB")`` runs the test body
 ``warmup + iterations`` times as a leak check. Fixtures are set up once: the body is called
-again with the same fixture values, so what grows is what the body leaves behind. A leak
+again with the same fixture values (a ``unittest.TestCase`` method: between one ``setUp`` and
+one ``tearDown``), so what grows is what the body leaves behind. A leak
 fails the test with ``LeakDetected`` through the core's checks, like ``tfmem.assert_no_leak``.
 
 Every leak check of a test (the marker's, or the ``tfmem`` fixture's) is put on its record as
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Generator
 
 import pytest
 
@@ -71,19 +73,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.stash[ARGUMENTS] = arguments
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """Call a marked test's function repeatedly with its fixture values (set up once)."""
-    arguments = pyfuncitem.stash.get(ARGUMENTS, None)
+@pytest.hookimpl(wrapper=True, trylast=True)  # inside the core's measurement
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Make a marked test's body run repeatedly: a function with its fixture values (set up
+    once), a ``unittest.TestCase`` method between one ``setUp`` and one ``tearDown``."""
+    arguments = item.stash.get(ARGUMENTS, None)
     if arguments is None:
-        return None
-    function = pyfuncitem.obj
+        return (yield)
+    if not isinstance(item, pytest.Function):
+        pytest.fail(f"@pytest.mark.{MARKER} repeats test functions and unittest.TestCase methods, "
+                    f"not a {type(item).__name__}", pytrace=False)
+    function = item.obj
     if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
         pytest.fail(f"@pytest.mark.{MARKER} repeats plain test functions only; "
                     "call tfmem.assert_no_leak(...) inside an async test instead", pytrace=False)
-    fixture_values = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
-    pyfuncitem.stash[REPORT] = leaks.leak_check(functools.partial(function, **fixture_values), *arguments)
-    return True
+
+    @functools.wraps(function)
+    def repeated(*args: object, **kwargs: object) -> None:
+        item.stash[REPORT] = leaks.leak_check(functools.partial(function, *args, **kwargs), *arguments)
+
+    item.obj = repeated  # what pytest calls: with the fixture values, or from unittest's run
+    try:
+        return (yield)
+    finally:
+        item.obj = function
 
 
 @pytest.hookimpl

@@ -172,9 +172,7 @@ def leak_check(
     # The diagnosis state is alive at every reading, the baseline's included, so its own
     # memory is an offset, not a trend.
     tracker = GrowthTracker()
-    gc.collect()
-    tracker.record_containers()
-    with _objects_alive_now_exempt_from_gc():
+    with _objects_alive_now_exempt_from_gc(tracker.record_containers):
         tracker.observe()
         host.release_freed_memory()
         series = {view: [level] for view, level in current_levels().items()}
@@ -198,22 +196,35 @@ def leak_check(
     )
 
 
+_running_checks = 0
+
+
 @contextmanager
-def _objects_alive_now_exempt_from_gc() -> Iterator[None]:
+def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iterator[None]:
     """``gc.freeze()`` for the measured iterations, so each ``gc.collect()`` traverses only the
     objects created since the baseline (a TF process holds ~400k others; a full collection takes
     a few hundred ms). Objects alive at the baseline are part of every reading either way; garbage
     among them is collected when the check ends. Object counts then cover new objects only,
-    which is what can grow. A nested check (already frozen) leaves the freeze to its caller.
+    which is what can grow. What was frozen before (the per-test collector's freeze) is thawed
+    first, so that ``before_freeze`` (which finds the containers that hold what grows) sees every
+    object. A nested check leaves the freeze to the outer one.
     """
-    if gc.get_freeze_count():
+    global _running_checks
+    if _running_checks:
+        gc.collect()
+        before_freeze()
         yield
         return
+    _running_checks += 1
+    gc.unfreeze()
+    gc.collect()
+    before_freeze()
     gc.freeze()
     try:
         yield
     finally:
         gc.unfreeze()
+        _running_checks -= 1
 
 
 def current_levels() -> dict[str, int]:

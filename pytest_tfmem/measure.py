@@ -8,6 +8,7 @@ folded into every open window, so an inner reset never hides an outer window's p
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
@@ -178,17 +179,22 @@ def probes() -> Probes:
 
 
 class Monitor:
-    """Measure a window: ``start()`` ... ``stop() -> Measurement``, or use as a context manager."""
+    """Measure a window: ``start()`` ... ``stop() -> Measurement``, or use as a context manager.
 
-    def __init__(self, *, release_first: bool = True) -> None:
+    ``collect`` is how garbage is collected before the window opens (``gc.collect`` by default;
+    the per-test windows use ``garbage.Collector.collect``, which costs only the new objects).
+    """
+
+    def __init__(self, *, release_first: bool = True, collect: Callable[[], object] = gc.collect) -> None:
         self.release_first = release_first
+        self.collect = collect
         self.measurement: Measurement | None = None
         self._windows: list[tuple[PeakTracker, _Window]] = []
         self._t0 = 0.0
 
     def start(self) -> Monitor:
         if self.release_first:
-            host.release_freed_memory()
+            host.release_freed_memory(self.collect)
         self._windows = [(tracker, tracker.open()) for tracker in probes().trackers()]
         self._t0 = time.perf_counter()
         return self

@@ -6,6 +6,7 @@ tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -15,9 +16,12 @@ from .checks import Verdict, check_budget
 from .errors import failure_for
 from .fixture import TfmemFixture
 from .measure import Measurement, Monitor
+from .probes import host
 from .probes import tf as tf_probe
-from .records import TestRecord, record_from_report
+from .probes.garbage import Collector
+from .records import TestRecord, record_from_report, republish
 from .report import render_table, summary_rows
+from .rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 
 # Feature modules, each a pytest plugin of its own (options, markers, hooks).
 pytest_plugins: list[str] = ["pytest_tfmem.gates", "pytest_tfmem.trace", "pytest_tfmem.isolate", "pytest_tfmem.journal", "pytest_tfmem.gpu", "pytest_tfmem.explain", "pytest_tfmem.leak_marker"]
@@ -25,6 +29,8 @@ MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()
 PLUGIN_NAME = "tfmem-manager"
+# On a call report whose test should have been measured but was not: why (the summary lists them).
+NOT_MEASURED = "tfmem_not_measured"
 # Markers besides ``tfmem`` that make a test measured; feature modules add theirs.
 MEASURING_MARKERS = {settings.MARKER}
 
@@ -66,9 +72,11 @@ class TfmemManager:
         self.config = config
         self.settings = settings.CoreSettings.from_config(config)
         self.records: list[TestRecord] = []
+        self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
         # A tfmem option was given (budget, baseline, report, GPU budget...): measure every test
         self.measure_every_test = self.settings.any_set
         self._tensorflow_prepared = False
+        self.collector = Collector(host.current_rss)
 
     def is_measured(self, item: pytest.Item) -> bool:
         return (
@@ -95,11 +103,11 @@ class TfmemManager:
         if self.settings.tf_warmup:
             tf_probe.start_runtime(tf)
 
-    def finish(self, item: pytest.Item, measurement: Measurement) -> TestRecord:
+    def finish(self, item: pytest.Item, measurement: Measurement, error: BaseException | None) -> TestRecord:
         """Apply the checks to a measurement and attach the record to the item's report."""
         record = TestRecord(item.nodeid, measurement, budget=self.budget_for(item))
         verdicts: list[Verdict | None] = [check_budget(measurement, record.budget)]
-        verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record)
+        verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record, error=error)
         record.verdicts = [v for v in verdicts if v is not None]
         item.stash[RECORD] = record
         # On the item, so the call and teardown reports both carry it (JUnit XML reads teardown's)
@@ -116,22 +124,59 @@ class TfmemManager:
         for item in items:
             item.stash[ARGUMENTS] = settings.marker_arguments(item)
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
-        """Measure the test body (the call phase; see README, "Which phase is budgeted")."""
-        if not self.is_measured(pyfuncitem):
+    # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
+    # leak marker's wrapper (trylast too, registered earlier) is inside this one.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """Measure the call phase of every kind of test: a function's body, a ``unittest.TestCase``
+        method with its ``setUp`` and ``tearDown``, a doctest (README, "Which phase is budgeted")."""
+        if not self.is_measured(item):
             return (yield)
         self.prepare_tensorflow()
-        monitor = Monitor()
-        pyfuncitem.stash[MONITOR] = monitor
+        monitor = Monitor(collect=self.collector.collect)
+        item.stash[MONITOR] = monitor
         monitor.start()
         try:
-            result = yield
-        finally:
-            del pyfuncitem.stash[MONITOR]
-            record = self.finish(pyfuncitem, monitor.stop())
+            yield
+        except BaseException as raised:
+            self._after_call(item, monitor, raised)
+            raise
+        record = self._after_call(item, monitor, _unittest_error(item))
         self.fail_if_needed(record)
-        return result
+
+    def _after_call(self, item: pytest.Item, monitor: Monitor, error: BaseException | None) -> TestRecord:
+        """Close the window, check the figures; after a memory failure, the one re-run."""
+        del item.stash[MONITOR]
+        record = self.finish(item, monitor.stop(), error)
+        interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception))
+        if record.failed_verdicts and not interrupted:
+            self.rerun_after_memory_failure(item, record)
+        return record
+
+    def rerun_after_memory_failure(self, item: pytest.Item, record: TestRecord) -> None:
+        """Run the body once more for every feature that asked (trace, explain), or say why not."""
+        wanted = tuple(label for label in self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record) if label)
+        if not wanted:
+            return
+        refusal = rerun_refusal(item, item.stash.get(ARGUMENTS, {}).get(RERUN_KEYWORD, True))
+        if refusal is not None:
+            record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
+        else:
+            try:
+                with separate_output(item):
+                    self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
+            except pytest.exit.Exception:
+                raise
+            except Exception as error:  # a re-run must never hide the test's own outcome
+                warnings.warn(pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"))
+        republish(item, record)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> None:
+        """Innermost: the body itself (its output is kept apart from the first run's)."""
+        assert isinstance(item, pytest.Function)  # rerun_refusal let only functions through
+        rerun.result = rerun_test_body(item, MONITOR)
+        rerun.output = read_output(item)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
@@ -139,6 +184,10 @@ class TfmemManager:
         record = item.stash.get(RECORD, None)
         if call.when == "call" and record is not None:
             report.sections.append(("tfmem", _section_text(record)))
+        elif call.when == "call" and self.is_measured(item) and not report.skipped:
+            # The call phase ran without passing through pytest_runtest_call (another plugin
+            # ran the test its own way): say so rather than leave the test silently unmeasured.
+            report.user_properties.append((NOT_MEASURED, "its call phase did not go through pytest_runtest_call"))
         return report
 
     @pytest.hookimpl
@@ -147,17 +196,32 @@ class TfmemManager:
             record = record_from_report(report)
             if record is not None:
                 self.records.append(record)
+            self.not_measured += [(report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED]
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.records:
-            return
-        terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
-        for line in render_table(summary_rows(self.records, self.settings.top)):
-            terminalreporter.write_line(line)
+        if self.records:
+            terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
+            for line in render_table(summary_rows(self.records, self.settings.top)):
+                terminalreporter.write_line(line)
+        if self.not_measured:
+            terminalreporter.write_line(f"tfmem: {len(self.not_measured)} test(s) not measured:", yellow=True)
+            for nodeid, why in self.not_measured:
+                terminalreporter.write_line(f"  {nodeid}: {why}")
+
+    def pytest_unconfigure(self) -> None:
+        if self.collector.full_collections:
+            self.collector.thaw()
 
 
 def _section_text(record: TestRecord) -> str:
     assert record.measurement is not None
     rows = render_table(summary_rows([record], 1))
-    return "\n".join([*rows, *record.measurement.notes])
+    return "\n".join([*rows, *record.measurement.notes, *record.notes])
+
+
+def _unittest_error(item: pytest.Item) -> BaseException | None:
+    """What a ``unittest.TestCase`` method raised: unittest catches it, pytest keeps it on the
+    item until the report is made (no public API for this)."""
+    excinfo = getattr(item, "_excinfo", None)
+    return excinfo[0].value if excinfo else None

@@ -32,6 +32,7 @@ class TestRecord:
     verdicts: list[Verdict] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by features
     outcome: str | None = None  # filled in from the report
+    notes: list[str] = field(default_factory=list)  # shown under the test's tfmem section
 
     @property
     def failed_verdicts(self) -> list[Verdict]:
@@ -45,6 +46,7 @@ class TestRecord:
             "budget": self.budget,
             "verdicts": [vars(v) for v in self.verdicts],
             "extra": self.extra,
+            "notes": self.notes,
         }
 
     @classmethod
@@ -57,6 +59,7 @@ class TestRecord:
             verdicts=[Verdict(**v) for v in data.get("verdicts", [])],
             extra=data.get("extra", {}),
             outcome=data.get("outcome"),
+            notes=list(data.get("notes", [])),
         )
 
     def user_properties(self) -> list[tuple[str, object]]:

@@ -126,7 +126,7 @@ class CoreSettings:
 
 
 # Marker keywords: name -> parser. Features register theirs at import time.
-MARKER_KEYWORDS: dict[str, Callable[[object, str], Any]] = {"budget": parse_optional_size}
+MARKER_KEYWORDS: dict[str, Callable[[object, str], Any]] = {"budget": parse_optional_size, "rerun": parse_bool}
 
 
 def marker_arguments(item: pytest.Item) -> dict[str, Any]:

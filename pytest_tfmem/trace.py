@@ -24,8 +24,8 @@ from . import plugin, settings, tracedirs
 from .checks import describe_views
 from .child import IN_CHILD
 from .probes import tf as tf_probe
-from .records import republish
-from .rerun import RerunResult, can_rerun, rerun_test_body, separate_output
+from .records import TestRecord, republish
+from .rerun import Rerun, RerunResult
 from .tracecapture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
 from .units import format_size
 
@@ -35,6 +35,7 @@ DEFAULT_ROOT = ".tfmem/traces"
 WORKER_SESSION_KEY = "tfmem_trace_session"
 SESSION_ENVIRONMENT = "PYTEST_TFMEM_TRACE_SESSION"  # "<pid>:<session directory name>"
 SECTION = "tfmem trace"
+RERUN_LABEL = "TensorBoard trace"  # what a re-run gives this feature, as the report names it
 PLUGIN_NAME = "tfmem-trace"
 # The trace written for a test, on its item, for features that analyse traces (also in the
 # record's ``extra["trace"]``): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
@@ -160,21 +161,10 @@ class TracePlugin:
         return tracedirs.display_path(path, self.config.invocation_params.dir)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, object, object]:
-        """Outside the measurement: trace the run (``always``) or re-run a failure (``on-failure``)."""
-        if not plugin.manager(self.config).is_measured(pyfuncitem):
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """``always``: trace the test's own run, outside its measurement."""
+        if not plugin.manager(self.config).is_measured(item) or self.mode_for(item) != ALWAYS:
             return (yield)
-        mode = self.mode_for(pyfuncitem)
-        if mode == ALWAYS:
-            return (yield from self._trace_own_run(pyfuncitem))
-        try:
-            return (yield)
-        except BaseException as failure:
-            if mode == ON_FAILURE and _unexpected_failure(pyfuncitem, failure) and can_rerun(pyfuncitem):
-                _without_hiding_the_outcome(pyfuncitem, lambda: self._trace_rerun(pyfuncitem))
-            raise
-
-    def _trace_own_run(self, item: pytest.Function) -> Generator[None, object, object]:
         directory = self._new_directory(item)
         if directory is None:
             return (yield)
@@ -186,13 +176,22 @@ class TracePlugin:
             if capture is not None:
                 _without_hiding_the_outcome(item, lambda: self._finish(item, capture, None))
 
-    def _trace_rerun(self, item: pytest.Function) -> None:
-        directory = self._new_directory(item)
+    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
+        """``on-failure``: a test that failed a tfmem check is traced in its re-run (not one marked
+        ``xfail``: an expected failure is not re-run; trace it with ``always``)."""
+        if self.mode_for(item) == ON_FAILURE and item.get_closest_marker("xfail") is None:
+            return RERUN_LABEL
+        return None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> Generator[None, None, None]:
+        """The re-run under the profiler and the memory timeline."""
+        directory = self._new_directory(item) if RERUN_LABEL in rerun.wanted_by else None
         if directory is None:
-            return
-        with separate_output(item) as output, capturing(directory) as capture:
-            rerun = rerun_test_body(item)
-        self._finish(item, capture, rerun, output.text)
+            return (yield)
+        with capturing(directory) as capture:
+            yield
+        _without_hiding_the_outcome(item, lambda: self._finish(item, capture, rerun.result, rerun.output))
 
     def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None, output: str = "") -> None:
         """Write the trace, describe it on the item and its record (which travels to the controller)."""
@@ -321,11 +320,3 @@ def _parent_session(parent_pid: int) -> str | None:
 def _first_line(text: str, limit: int = 200) -> str:
     line = text.splitlines()[0] if text else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _unexpected_failure(item: pytest.Item, raised: BaseException) -> bool:
-    """A failure worth a trace: an error or ``pytest.fail``, not skip/xfail/exit/interrupt,
-    in a test not marked ``xfail`` (an expected failure is not re-run; trace it with ``always``)."""
-    if isinstance(raised, (pytest.exit.Exception, pytest.xfail.Exception)):
-        return False
-    return isinstance(raised, (Exception, pytest.fail.Exception)) and item.get_closest_marker("xfail") is None

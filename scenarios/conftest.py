@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -22,6 +23,11 @@ from pytest_tfmem.report import render_table
 from pytest_tfmem.units import format_size
 
 from . import scale
+
+# TensorFlow keeps CPU allocator statistics only with oneDNN on, its default on some x86 CPUs and
+# not on others: on, the scenarios measure the same TensorFlow on every machine (before any
+# scenario module imports it).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 VARIANT_PROPERTY = "tfmem_scenario_variant"
 TABLE_PLUGIN = "tfmem-scenario-table"

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
 
 from pytest_tfmem.records import PROPERTY, TestRecord, record_from_report
+
+# TensorFlow keeps CPU allocator statistics (the ``tf:CPU:0`` view) only with oneDNN on, its
+# default on some x86 CPUs and not on others (AMD EPYC): on, the tests see the same TensorFlow
+# on every machine. Inner pytest runs inherit it.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +30,13 @@ def records_from_junit(path) -> dict[str, TestRecord]:
         for prop in case.iter("property"):
             if prop.get("name") == PROPERTY:
                 record = TestRecord.from_dict(json.loads(prop.get("value")))
+                kinds = {child.tag for child in case}
+                record.outcome = next((o for tag, o in _OUTCOMES if tag in kinds), "passed")
                 records[case.get("name")] = record
     return records
+
+
+_OUTCOMES = (("failure", "failed"), ("error", "failed"), ("skipped", "skipped"))
 
 
 def records_from_inline(reprec) -> dict[str, TestRecord]:

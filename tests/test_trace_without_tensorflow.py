@@ -150,7 +150,8 @@ def test_hostile_parametrize_ids_cannot_leave_the_trace_directory(pytester: pyte
         @pytest.mark.parametrize("x", [1, 2], ids=["../../../escaped", "a" * 400])
         @pytest.mark.tfmem(budget="1KB")
         def test_hostile(x):
-            assert x > 5
+            block = b"x" * 2_000_000  # over budget: only a memory failure is traced
+            assert len(block) > x
         """
     )
     pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=on-failure").assert_outcomes(failed=2)
@@ -205,10 +206,11 @@ def test_a_trace_that_cannot_be_written_warns_and_leaves_the_failure_as_it_was(p
 
         @pytest.mark.tfmem(budget="1KB")
         def test_fails():
-            assert 1 == 2
+            block = b"x" * 2_000_000  # over budget as well: a memory failure, so it is traced
+            assert len(block) == 2
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-trace=on-failure", "--tfmem-trace-dir=blocker.txt/t")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["E       assert 1 == 2", "*PytestWarning: pytest-tfmem: no trace for this test:*"])
+    result.stdout.fnmatch_lines(["E       AssertionError: assert 2000000 == 2", "*PytestWarning: pytest-tfmem: no trace for this test:*"])
     assert " tfmem trace " not in result.stdout.str()

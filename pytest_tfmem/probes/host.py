@@ -13,6 +13,7 @@ import gc
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -53,15 +54,15 @@ def current_rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def release_freed_memory() -> int:
-    """Collect garbage and hand freed heap back to the OS (glibc ``malloc_trim(0)``).
+def release_freed_memory(collect: Callable[[], object] = gc.collect) -> int:
+    """Collect garbage (with ``collect``) and hand freed heap back to the OS (glibc ``malloc_trim(0)``).
 
     Without this, memory freed by an earlier test stays in glibc's arenas and a later test
     reuses it without raising RSS, so its measured peak depends on test order.
     Returns the bytes of RSS given back.
     """
     before = current_rss()
-    gc.collect()
+    collect()
     if _malloc_trim is not None:
         _malloc_trim(0)
     return max(0, before - current_rss())
