@@ -2,7 +2,10 @@
 
 Every option exists as ``--tfmem-NAME`` on the command line and ``tfmem_NAME`` in the ini
 file (``pytest.ini``, ``pyproject.toml [tool.pytest.ini_options]``, ...); the command line
-wins. Bad values raise ``pytest.UsageError`` naming the value and the accepted forms.
+wins. An on/off option (one parsed by ``parse_bool``) is turned on by ``--tfmem-NAME`` (a
+switch) or ``--tfmem-NAME=VALUE`` (an option that takes a value), and off by
+``--no-tfmem-NAME``; when both are given, the last one wins. Bad values raise
+``pytest.UsageError`` naming the value and the accepted forms.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ class Option:
         return "--tfmem-" + self.name.replace("_", "-")
 
     @property
+    def no_cli(self) -> str | None:
+        """``--no-tfmem-NAME`` for an on/off option: turns it off, also against the ini file."""
+        return "--no-" + self.cli[2:] if self.parse is parse_bool else None
+
+    @property
     def ini(self) -> str:
         return "tfmem_" + self.name
 
@@ -75,12 +83,15 @@ def add_options(parser: pytest.Parser, options: list[Option]) -> None:
         else:
             group.addoption(option.cli, action="store", default=None, dest=option.ini, metavar="VALUE",
                             help=cli_help)
+        if option.no_cli is not None:  # same dest: of --tfmem-NAME and --no-tfmem-NAME, the last wins
+            group.addoption(option.no_cli, action="store_const", const=False, default=None, dest=option.ini,
+                            help=f"turn {option.cli} off, whatever ini {option.ini} says")
         parser.addini(option.ini, help=option.help, default=None)
 
 
 def read_option(config: pytest.Config, option: Option) -> tuple[Any, bool]:
     """The option's parsed value (command line, else ini, else default) and whether it was set."""
-    raw = config.getoption(option.ini, default=None)
+    raw = config.getoption(option.ini, default=None)  # False (--no-tfmem-NAME) is set, too
     source = option.cli
     if raw is None:
         raw = config.getini(option.ini)
