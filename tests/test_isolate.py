@@ -233,7 +233,8 @@ def test_only_the_session_writes_the_session_outputs(pytester: pytest.Pytester, 
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     pytester.makepyfile("def test_a(): pass\ndef test_b(): pass\n")
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-save-baseline=baseline.json", "--tfmem-baseline-prune"
+        "-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-save-baseline=baseline.json", "--tfmem-baseline-prune",
+        "--tfmem-github-summary",
     )
     result.assert_outcomes(passed=2)
     assert summary.read_text().count("### pytest-tfmem: memory per test") == 1
