@@ -19,12 +19,14 @@ CONFTEST = """
 import json
 import os
 
+START = dict(os.environ)  # read before any plugin's pytest_configure
+
 def pytest_addoption(parser):
-    parser.addoption("--dump-env", help="write os.environ as JSON to this file at session finish")
+    parser.addoption("--dump-env", help="write os.environ at start and at session finish to this JSON file")
 
 def pytest_sessionfinish(session):
     with open(session.config.getoption("--dump-env"), "w") as dump:
-        json.dump(dict(os.environ), dump, sort_keys=True)
+        json.dump({"start": START, "end": dict(os.environ)}, dump, sort_keys=True)
 """
 
 PLAIN_TESTS = """
@@ -72,6 +74,11 @@ def comparable(lines: list[str]) -> list[str]:
     return [_DURATION.sub("<time>", line).strip("= ") for line in lines if not line.startswith("plugins: ")]
 
 
+def changed(environments: dict[str, dict[str, str]]) -> set[str]:
+    start, end = environments["start"], environments["end"]
+    return {name for name in start.keys() | end.keys() if start.get(name) != end.get(name)}
+
+
 def files_under(folder: Path) -> set[str]:
     """Paths under ``folder``, each run's own names (its ``--basetemp``, its dump) made alike."""
     own_names = re.compile(r"^runpytest-\d+|^env-\w+\.json$")
@@ -85,6 +92,8 @@ def test_an_inert_session_is_the_same_as_one_without_the_plugin(
     step_summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
     monkeypatch.delenv(GROWTH_VARIABLE, raising=False)
+    # Inherited or not depending on what ran before in this process: each run makes its own.
+    monkeypatch.delenv("MEMRAY_RESULT_PATH", raising=False)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_plain=PLAIN_TESTS, test_tf=TF_TESTS)
 
@@ -101,8 +110,14 @@ def test_an_inert_session_is_the_same_as_one_without_the_plugin(
     assert "tfmem" not in inert.stdout.str().replace("tfmem-", "") + inert.stderr.str()
     with_plugin = json.loads((pytester.path / "env-inert.json").read_text())
     without_plugin = json.loads((pytester.path / "env-plain.json").read_text())
-    assert with_plugin == without_plugin
-    assert GROWTH_VARIABLE not in with_plugin
+    # What other plugins set per session (pytest-memray: a fresh MEMRAY_RESULT_PATH) differs in
+    # value between the runs; the plugin changes nothing more and nothing else.
+    others = changed(without_plugin)
+    assert changed(with_plugin) == others
+    assert {k: v for k, v in with_plugin["end"].items() if k not in others} == {
+        k: v for k, v in without_plugin["end"].items() if k not in others
+    }
+    assert GROWTH_VARIABLE not in with_plugin["end"]
     assert not (pytester.path / ".tfmem").exists()
     assert step_summary.read_text() == "earlier step\n"
     # The session with the plugin wrote what the one without it wrote: its basetemp, its dump.
