@@ -8,6 +8,29 @@ import tempfile
 from pathlib import Path
 
 
+def _new_file_mode() -> int:
+    """The permission bits a file created now gets: ``0o666`` less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _write_temporary(target: Path, text: str, mode: int) -> str:
+    """A temporary file beside ``target`` holding ``text``, flushed to disk, with ``mode``."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    return temporary
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
 
@@ -18,18 +41,37 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     try:
         mode = target.stat().st_mode & 0o777
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        mode = _new_file_mode()
+    temporary = _write_temporary(target, text, mode)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def create_text_atomic(path: str | os.PathLike[str], text: str) -> bool:
+    """Create ``path`` holding ``text`` unless it exists; True if this call created it.
+
+    The file appears complete or not at all, and an existing file is never replaced, even
+    when several processes try at once: the temporary file is hard-linked to ``path``, which
+    fails if ``path`` exists. (Where hard links are not supported, it is renamed into place.)
+    """
+    target = Path(path)
+    if target.exists():
+        return False
+    temporary = _write_temporary(target, text, _new_file_mode())
+    try:
+        try:
+            os.link(temporary, target)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links on this file system
+            if target.exists():
+                return False
+            os.replace(temporary, target)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)

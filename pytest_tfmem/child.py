@@ -66,6 +66,7 @@ class ChildSpec:
     events: str  # JSON-lines file the child writes its events to
     basetemp: str  # the child's own --basetemp, inside the parent's
     parent_pid: int  # the child dies with this process
+    trace_session: str | None = None  # the parent's trace session directory name, when it may trace
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))

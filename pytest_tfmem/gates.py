@@ -80,10 +80,16 @@ TOLERANCE = settings.Option(
     parse_tolerance(DEFAULT_TOLERANCE),
 )
 REPORT = settings.Option("report", "write a JSON report of every measured test to this file", parse_path)
-MARKDOWN = settings.Option(
-    "markdown", f"write a Markdown summary to this file (also appended to ${STEP_SUMMARY} when set)", parse_path
+MARKDOWN = settings.Option("markdown", "write a Markdown summary to this file", parse_path)
+GITHUB_SUMMARY = settings.Option(
+    "github_summary",
+    f"append the Markdown summary to the file named by ${STEP_SUMMARY} (GitHub Actions' job page); "
+    "without it nothing is written there",
+    settings.parse_bool,
+    False,
+    flag=True,
 )
-OPTIONS = [BASELINE, SAVE_BASELINE, BASELINE_PRUNE, TOLERANCE, REPORT, MARKDOWN]
+OPTIONS = [BASELINE, SAVE_BASELINE, BASELINE_PRUNE, TOLERANCE, REPORT, MARKDOWN, GITHUB_SUMMARY]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -115,7 +121,9 @@ class CiGates:
         self.save_path = self._path(values["save_baseline"])
         self.report_path = self._path(values["report"])
         self.markdown_path = self._path(values["markdown"])
-        self.active = any(p is not None for p in (self.baseline_path, self.save_path, self.report_path, self.markdown_path))
+        self.github_summary: bool = values["github_summary"]
+        paths = (self.baseline_path, self.save_path, self.report_path, self.markdown_path)
+        self.active = self.github_summary or any(p is not None for p in paths)
         self.baseline = self._load(self.baseline_path, missing_ok=False)
         # The file a save merges into: validated now, so a bad one stops the run before any test.
         self.save_into: Baseline | None = None
@@ -174,8 +182,16 @@ class CiGates:
         markdown = session_markdown(records, top=top, notes=self.environment_notes)
         if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
+        if self.github_summary:
+            self._append_step_summary(session, records, markdown)
+
+    def _append_step_summary(self, session: pytest.Session, records: list[TestRecord], markdown: str) -> None:
+        """``--tfmem-github-summary``: add the summary to the job's page (only when asked: the
+        variable alone is set in every GitHub Actions step, also for sessions that never asked)."""
         step_summary = os.environ.get(STEP_SUMMARY)
-        if step_summary and records:
+        if not step_summary:
+            self.outcome_lines.append((f"${STEP_SUMMARY} is not set: no summary appended to it", {"yellow": True}))
+        elif records:
             self._write(session, f"${STEP_SUMMARY}", Path(step_summary), lambda path: _append_text(path, markdown))
 
     def _save_baseline(self, session: pytest.Session, records: list[TestRecord], exitstatus: int) -> None:

@@ -3,10 +3,13 @@
 - ``--tfmem-gpu-budget`` / ``tfmem(gpu_budget=...)``: a test's peak GPU memory need, read
   from TensorFlow's GPU allocators (``tf:GPU:N`` views) or, without them (PyTorch, CuPy),
   from NVML (``nvml:N``). GPU views never count towards the host ``peak``.
-- ``--tfmem-gpu-memory-growth`` (default on): ``TF_FORCE_GPU_ALLOW_GROWTH=true`` is set when
-  pytest starts, the earliest moment, so TensorFlow takes GPU memory as needed instead of
-  nearly all of it, and NVML's numbers mean something. The variable also works together
-  with a memory limit, which ``set_memory_growth`` does not.
+- Once any GPU option is given (on the command line or in the ini file; see
+  ``gpu_options_given``), ``TF_FORCE_GPU_ALLOW_GROWTH=true`` is set when pytest starts, the
+  earliest moment, so TensorFlow takes GPU memory as needed instead of nearly all of it, and
+  NVML's numbers mean something; the session header says so. ``--tfmem-gpu-memory-growth=false``
+  leaves the variable alone, and so does a value the user set. Without a GPU option the
+  environment is not touched. The variable also works together with a memory limit, which
+  ``set_memory_growth`` does not.
 - ``--tfmem-gpu-limit``: a logical device memory limit on every GPU, set through the
   ``pytest_tfmem_configure_tensorflow`` hook before TensorFlow initialises its devices.
   If it has already initialised them, a ``TfmemDeviceWarning`` says the setting was not applied.
@@ -72,7 +75,7 @@ GPU_LIMIT = settings.Option(
 GPU_MEMORY_GROWTH = settings.Option(
     "gpu_memory_growth",
     f"let TensorFlow take GPU memory as needed rather than nearly all at start ({GROWTH_VARIABLE}=true "
-    "unless already set; default true)",
+    "unless already set; default true once a GPU option is given, else the environment is left alone)",
     settings.parse_bool,
     True,
 )
@@ -83,7 +86,7 @@ NVML_INTERVAL = settings.Option(
     parse_interval,
     0.05,
 )
-OPTIONS = [GPU_BUDGET, GPU_LIMIT, GPU_MEMORY_GROWTH, NVML_INTERVAL]
+OPTIONS = [GPU_BUDGET, GPU_LIMIT, GPU_MEMORY_GROWTH, NVML_INTERVAL]  # each one a "GPU option"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -171,12 +174,29 @@ def enable_memory_growth(environ: MutableMapping[str, str]) -> bool:
     return True
 
 
-def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str]) -> list[str]:
-    """Lines under the summary table: why there are no NVML (or no GPU) views, NVML's
-    problems, GPU budgets that had nothing to check."""
+def gpu_options_given(config: pytest.Config) -> list[str]:
+    """The GPU options given, as written (``--tfmem-gpu-budget`` or ini ``tfmem_gpu_budget``)."""
+    given = []
+    for option in OPTIONS:
+        if settings.read_option(config, option)[1]:
+            on_command_line = config.getoption(option.ini, default=None) is not None
+            given.append(option.cli if on_command_line else f"ini {option.ini}")
+    return given
+
+
+def held_to_gpu_budgets(records: list[TestRecord]) -> bool:
+    """A test was held to a GPU budget (its marker's, or an option's), checked or not."""
+    return any(
+        any(v.check == CHECK for v in r.verdicts) or "unchecked_gpu_budget" in r.extra.get(EXTRA, {}) for r in records
+    )
+
+
+def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str], *, views_note: bool = True) -> list[str]:
+    """Lines under the summary table: why there are no NVML (or no GPU) views (with
+    ``views_note``), NVML's problems, GPU budgets that had nothing to check."""
     notes = []
     views = {v.view for r in records if r.measurement for v in r.measurement.views}
-    if not any(view.startswith("nvml:") for view in views):
+    if views_note and not any(view.startswith("nvml:") for view in views):
         what = "NVML views" if any(view.startswith("tf:GPU") for view in views) else "GPU views"
         notes.append(f"no {what}: {nvml_reason()}")
     notes += sorted({problem for r in records for problem in r.extra.get(EXTRA, {}).get("problems", ())})
@@ -209,7 +229,10 @@ class DeviceMemory:
         self.limit: int | None = values["gpu_limit"]
         self.interval: float = values["nvml_interval"]
         self.applied_limit: int | None = None
-        self.set_growth = values["gpu_memory_growth"] and enable_memory_growth(os.environ)
+        # GPU settings only when a GPU option asks for them: otherwise the environment is left alone.
+        self.options_given = gpu_options_given(config)
+        wants_growth = bool(self.options_given) and values["gpu_memory_growth"]
+        self.set_growth = wants_growth and enable_memory_growth(os.environ)
         # Memory growth is read when TF initialises its GPUs: too late if that already happened.
         self.growth_too_late = self.set_growth and tf_probe.runtime_started()
         self.nvml: Nvml | None = None
@@ -243,6 +266,11 @@ class DeviceMemory:
         return section
 
     # -- hooks ---------------------------------------------------------------------------
+    def pytest_report_header(self) -> list[str]:
+        if not self.set_growth:
+            return []
+        return [f"tfmem: {GROWTH_VARIABLE}=true set (GPU option given: {', '.join(self.options_given)})"]
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
@@ -300,7 +328,8 @@ class DeviceMemory:
         records = plugin.manager(self.config).records
         if not records:
             return
-        for line in summary_notes(records, self._nvml_reason):
+        views_note = bool(self.options_given) or held_to_gpu_budgets(records)
+        for line in summary_notes(records, self._nvml_reason, views_note=views_note):
             terminalreporter.write_line(f"tfmem: {line}")
 
     def _nvml_reason(self) -> str:

@@ -40,6 +40,7 @@ from .isolation_results import (
 from .probes import system
 from .records import TestRecord, record_from_report
 from .report import render_table
+from .trace import PLUGIN_NAME as TRACE_PLUGIN
 from .units import SIZE_FORMS, format_size
 from .watchdog import Watchdog, WatchResult
 
@@ -194,6 +195,7 @@ class TfmemIsolation:
             events=str(workdir / "events.jsonl"),
             basetemp=str(workdir / "basetemp"),
             parent_pid=os.getpid(),
+            trace_session=_trace_session(self.config, item),
         )
         spec.write(workdir / "spec.json")
         with open(workdir / "output.log", "wb") as output:
@@ -289,6 +291,12 @@ class TfmemIsolation:
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
         for line in render_table(isolated_rows(self.isolated_records)):
             terminalreporter.write_line(line)
+
+
+def _trace_session(config: pytest.Config, item: pytest.Item) -> str | None:
+    """Where the child writes a trace of the test: this session's trace directory (if it may trace)."""
+    tracing = config.pluginmanager.get_plugin(TRACE_PLUGIN)
+    return tracing.session_for_child(item) if tracing is not None else None
 
 
 def _evaluate_xfail(item: pytest.Item) -> None:

@@ -38,14 +38,14 @@ from typing import Any
 import psutil
 import pytest
 
-from . import plugin, settings
+from . import plugin, settings, tfmemdir
 from .atomic import write_text_atomic
 from .child import IN_CHILD
 from .records import record_from_report
 from .watchdog import ProcessTreeRss
 
 PLUGIN_NAME = "tfmem-journal"
-DEFAULT_PATH = Path(".tfmem") / "results.jsonl"
+DEFAULT_PATH = Path(tfmemdir.DIRECTORY) / "results.jsonl"
 SAMPLE_INTERVAL_S = 0.1
 SYNC_INTERVAL_S = 1.0
 WRITE_INTERVAL_S = 1.0
@@ -105,7 +105,7 @@ class JournalFile:
         self._synced = float("-inf")
 
     def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tfmemdir.make_directory(self.path.parent)
         with _directory_lock(self.path.parent):
             if _first_entry(self.path).get("session") != self.header["session"]:
                 if self.path.exists():

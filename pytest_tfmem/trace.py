@@ -33,7 +33,6 @@ ON_FAILURE, ALWAYS, OFF = "on-failure", "always", "off"
 MODES = (ON_FAILURE, ALWAYS, OFF)
 DEFAULT_ROOT = ".tfmem/traces"
 WORKER_SESSION_KEY = "tfmem_trace_session"
-SESSION_ENVIRONMENT = "PYTEST_TFMEM_TRACE_SESSION"  # "<pid>:<session directory name>"
 SECTION = "tfmem trace"
 RERUN_LABEL = "TensorBoard trace"  # what a re-run gives this feature, as the report names it
 PLUGIN_NAME = "tfmem-trace"
@@ -123,22 +122,21 @@ class TracePlugin:
         workerinput = getattr(config, "workerinput", None)
         child = config.stash.get(IN_CHILD, None)
         # Only the session's main process rotates; xdist workers and the processes of
-        # isolated tests write into the main process's session directory.
+        # isolated tests write into the main process's session directory, whose name comes
+        # with their worker input or their child spec (``session_for_child``).
         self.is_worker = workerinput is not None or child is not None
         if workerinput is not None and WORKER_SESSION_KEY in workerinput:
             self.session_name = workerinput[WORKER_SESSION_KEY]
-        elif child is not None and _parent_session(child.parent_pid) is not None:
-            self.session_name = _parent_session(child.parent_pid)
+        elif child is not None and child.trace_session:
+            self.session_name = child.trace_session
         else:
             self.session_name = tracedirs.session_name(time.time(), os.getpid())
-        self._previous_environment = os.environ.get(SESSION_ENVIRONMENT)
-        os.environ[SESSION_ENVIRONMENT] = f"{os.getpid()}:{self.session_name}"  # for isolated tests' processes
 
-    def pytest_unconfigure(self) -> None:
-        if self._previous_environment is None:
-            os.environ.pop(SESSION_ENVIRONMENT, None)
-        else:
-            os.environ[SESSION_ENVIRONMENT] = self._previous_environment
+    def session_for_child(self, item: pytest.Item) -> str | None:
+        """The session directory name for the process of an isolated test, unless the test
+        cannot be traced (its mode is ``off``; ``None`` may still trace once TF is loaded there)."""
+        arguments = item.stash.get(plugin.ARGUMENTS, {})
+        return None if arguments.get("trace", self.settings.mode) == OFF else self.session_name
 
     def mode_for(self, item: pytest.Item) -> str:
         arguments = item.stash.get(plugin.ARGUMENTS, {})
@@ -248,7 +246,8 @@ class TracePlugin:
         node.workerinput[WORKER_SESSION_KEY] = self.session_name
 
     def pytest_sessionfinish(self) -> None:
-        if self.is_worker or self.settings.mode == OFF:
+        # A session that wrote no trace leaves the trace directory as it found it.
+        if self.is_worker or self.settings.mode == OFF or not (self.settings.root / self.session_name).is_dir():
             return
         try:
             tracedirs.rotate(self.settings.root, self.settings.keep, current=self.session_name)
@@ -309,12 +308,6 @@ def _without_hiding_the_outcome(item: pytest.Item, step: Callable[[], None]) -> 
         raise
     except Exception as error:
         item.warn(pytest.PytestWarning(f"pytest-tfmem: the trace of this test is incomplete: {error!r}"))
-
-
-def _parent_session(parent_pid: int) -> str | None:
-    """The session directory name the parent process announced, if that parent is ``parent_pid``."""
-    pid, _, name = os.environ.get(SESSION_ENVIRONMENT, "").partition(":")
-    return name if name and pid == str(parent_pid) else None
 
 
 def _first_line(text: str, limit: int = 200) -> str:

@@ -2,8 +2,10 @@
 
 Layout under the trace root (``.tfmem/traces`` by default)::
 
+    .tfmem/
+      .gitignore                                  # "*": tfmem's files are not for version control
     .tfmem/traces/
-      .gitignore                                  # "*": traces are not for version control
+      .gitignore                                  # "*", also in a trace root elsewhere
       2025-01-31_14-05-09.250_4242/               # one pytest session (start time, pid)
         tfmem-session.json                        # marks the folder as ours (rotation)
         tests.test_train.py__test_fit@adam-64/    # one traced test, a TensorBoard run
@@ -24,6 +26,7 @@ import shutil
 import time
 from pathlib import Path
 
+from . import tfmemdir
 from .atomic import write_text_atomic
 
 SESSION_MARKER = "tfmem-session.json"
@@ -80,11 +83,10 @@ def session_name(started: float, pid: int) -> str:
 
 
 def prepare_root(root: Path) -> None:
-    """Create the trace root with a ``.gitignore`` that keeps traces out of version control."""
-    root.mkdir(parents=True, exist_ok=True)
-    ignore = root / ".gitignore"
-    if not ignore.exists():
-        write_text_atomic(ignore, "# written by pytest-tfmem: traces are not for version control\n*\n")
+    """Create the trace root with a ``.gitignore`` that keeps traces out of version control
+    (also in a ``.tfmem`` directory above it, such as the default root's)."""
+    tfmemdir.make_directory(root)
+    tfmemdir.ignore_in_git(root)
 
 
 def prepare_session(root: Path, name: str, details: dict[str, object]) -> Path:

@@ -129,9 +129,12 @@ def test_markdown_summary_goes_to_a_path_and_to_the_github_step_summary(pytester
     step_summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
     write_suite(pytester, SUITE)
-    run(pytester, "--tfmem-save-baseline=base.json").assert_outcomes(passed=3)
+    run(pytester, "--tfmem-save-baseline=base.json", "--tfmem-github-summary").assert_outcomes(passed=3)
     write_suite(pytester, {**SUITE, "grow": 120})
-    result = run(pytester, "--tfmem-baseline=base.json", "--tfmem-tolerance=10%", "--tfmem-markdown=summary.md")
+    result = run(
+        pytester,
+        "--tfmem-baseline=base.json", "--tfmem-tolerance=10%", "--tfmem-markdown=summary.md", "--tfmem-github-summary",
+    )  # fmt: skip
     result.assert_outcomes(passed=2, failed=1)
     markdown = (pytester.path / "summary.md").read_text()
     assert "3 tests measured: 0 over budget, 1 regression beyond tolerance" in markdown
@@ -141,6 +144,29 @@ def test_markdown_summary_goes_to_a_path_and_to_the_github_step_summary(pytester
     steps = step_summary.read_text()
     assert steps.startswith("earlier step\n")  # appended, never replaced
     assert steps.count("### pytest-tfmem") == 2 and steps.endswith(markdown)
+
+
+def test_the_github_step_summary_is_written_only_when_asked(pytester, monkeypatch):
+    step_summary = pytester.path / "step-summary.md"
+    step_summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
+    write_suite(pytester, {"a": 5})
+    # Measured tests and a Markdown file, but no --tfmem-github-summary: the job's page is left alone.
+    run(pytester, "--tfmem-budget=1GB", "--tfmem-markdown=summary.md").assert_outcomes(passed=1)
+    assert (pytester.path / "summary.md").is_file()
+    assert step_summary.read_text() == "earlier step\n"
+    # The ini value asks for it too.
+    pytester.makeini("[pytest]\ntfmem_github_summary = true\n")
+    run(pytester).assert_outcomes(passed=1)
+    assert step_summary.read_text().count("### pytest-tfmem") == 1
+
+
+def test_asking_for_the_github_step_summary_outside_github_says_so(pytester, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    write_suite(pytester, {"a": 5})
+    result = run(pytester, "--tfmem-github-summary")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*tfmem: $GITHUB_STEP_SUMMARY is not set: no summary appended to it"])
 
 
 def test_report_is_written_atomically_and_nothing_is_written_without_options(pytester):

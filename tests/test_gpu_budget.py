@@ -8,6 +8,7 @@ the behaviour (the settings refused after initialisation, the run without GPUs).
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +19,7 @@ from pytest_tfmem.gpu import (
     check_gpu_budget,
     enable_memory_growth,
     gpu_views,
+    held_to_gpu_budgets,
     summary_notes,
 )
 from pytest_tfmem.measure import Measurement, PeakTracker, ViewReading
@@ -132,6 +134,9 @@ def test_summary_notes_say_which_views_are_missing_and_why():
     ]
     assert summary_notes([tf_gpu], reason) == ["no NVML views: nvidia-ml-py is not installed"]
     assert summary_notes([tf_gpu, nvml, nvml], reason) == ["NVML failed on GPU 0: GPU is lost"]
+    # Without a GPU option or GPU budget, no view is missing: nothing to explain.
+    assert summary_notes([tf_gpu], reason, views_note=False) == []
+    assert held_to_gpu_budgets([host_only]) and not held_to_gpu_budgets([tf_gpu, nvml])
 
 
 def test_the_gpu_limit_goes_to_every_gpu_in_MiB():
@@ -209,7 +214,23 @@ def test_a_bad_gpu_budget_marker_is_a_usage_error(pytester: pytest.Pytester):
     result.stderr.fnmatch_lines(["*test_one: invalid tfmem marker argument gpu_budget 'lots'*"])
 
 
-def test_memory_growth_is_on_in_tests_by_default_and_can_be_turned_off(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(
+    ("args", "ini", "expected", "header"),
+    [
+        ([], "", "unset", None),  # no GPU option: the environment is left alone
+        (["--tfmem-budget=1GB"], "", "unset", None),  # a host option is not a GPU option
+        (["--tfmem-gpu-budget=1GB"], "", "true", "GPU option given: --tfmem-gpu-budget"),
+        (["--tfmem-gpu-limit=1GB"], "", "true", "GPU option given: --tfmem-gpu-limit"),
+        (["--tfmem-gpu-memory-growth=true"], "", "true", "GPU option given: --tfmem-gpu-memory-growth"),
+        (["--tfmem-nvml-interval=0"], "", "true", "GPU option given: --tfmem-nvml-interval"),
+        ([], "tfmem_gpu_budget = 1GB", "true", "GPU option given: ini tfmem_gpu_budget"),
+        (["--tfmem-gpu-budget=1GB", "--tfmem-gpu-memory-growth=false"], "", "unset", None),
+        ([], "tfmem_gpu_limit = 1GB\ntfmem_gpu_memory_growth = false", "unset", None),
+    ],
+)
+def test_memory_growth_is_set_only_when_a_gpu_option_is_given(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str], ini: str, expected: str, header: str | None
+):
     monkeypatch.delenv(GROWTH_VARIABLE, raising=False)
     pytester.makepyfile(
         f"""
@@ -221,10 +242,21 @@ def test_memory_growth_is_on_in_tests_by_default_and_can_be_turned_off(pytester:
         """
     )
     pytester.makeconftest('def pytest_addoption(parser):\n    parser.addoption("--expect")\n')
-    pytester.runpytest("--expect=true").assert_outcomes(passed=1)
-    pytester.runpytest("--expect=unset", "--tfmem-gpu-memory-growth=false").assert_outcomes(passed=1)
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest(f"--expect={expected}", *args)
+    result.assert_outcomes(passed=1)
+    headers = [line for line in result.outlines if line.startswith(f"tfmem: {GROWTH_VARIABLE}")]
+    assert headers == ([f"tfmem: {GROWTH_VARIABLE}=true set ({header})"] if header else [])
+    assert GROWTH_VARIABLE not in os.environ  # taken back at the end of the session
+
+
+def test_memory_growth_the_user_chose_is_kept(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(GROWTH_VARIABLE, "false")
-    pytester.runpytest("--expect=false").assert_outcomes(passed=1)
+    pytester.makepyfile(f"import os\n\ndef test_growth():\n    assert os.environ['{GROWTH_VARIABLE}'] == 'false'\n")
+    result = pytester.runpytest("--tfmem-gpu-budget=1GB")
+    result.assert_outcomes(passed=1)
+    assert GROWTH_VARIABLE not in result.stdout.str()
+    assert os.environ[GROWTH_VARIABLE] == "false"
 
 
 # -- the real TensorFlow on a CPU machine -------------------------------------------------------

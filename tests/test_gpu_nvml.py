@@ -285,12 +285,16 @@ def test_nvml_init_failure_leaves_one_note_and_passes(pytester: pytest.Pytester)
 
 
 def test_a_machine_without_nvml_says_so_in_one_line(pytester: pytest.Pytester):
-    """The real ``pynvml`` on this machine (no driver library): a note, no GPU column."""
+    """The real ``pynvml`` on this machine (no driver library): a note once a GPU option is
+    given (here the NVML interval), no NVML column; without a GPU option, no note."""
     nvml, reason = Nvml.open()
     if nvml is not None:
         nvml.close()
         pytest.skip("this machine has a GPU")
     pytester.makepyfile("import pytest\n\n@pytest.mark.tfmem\ndef test_one():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-nvml-interval=0.05")
     result.assert_outcomes(passed=1)
     assert [line for line in result.outlines if "no GPU views" in line] == [f"tfmem: no GPU views: {reason}"]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert not [line for line in result.outlines if "no GPU views" in line or "NVML" in line]

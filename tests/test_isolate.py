@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from pytest_tfmem import tracedirs
 from pytest_tfmem.units import parse_size
 
 KILL_AT_TESTS = """
@@ -233,9 +234,33 @@ def test_only_the_session_writes_the_session_outputs(pytester: pytest.Pytester, 
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     pytester.makepyfile("def test_a(): pass\ndef test_b(): pass\n")
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-save-baseline=baseline.json", "--tfmem-baseline-prune"
+        "-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-save-baseline=baseline.json", "--tfmem-baseline-prune",
+        "--tfmem-github-summary",
     )
     result.assert_outcomes(passed=2)
     assert summary.read_text().count("### pytest-tfmem: memory per test") == 1
     baseline = json.loads((pytester.path / "baseline.json").read_text())
     assert len(baseline["tests"]) == 2
+
+
+def test_an_isolated_test_traces_into_the_sessions_trace_directory(pytester: pytest.Pytester):
+    """The child learns the session's trace directory from its spec, not from the environment."""
+    pytester.makepyfile(
+        test_traced="""
+        import os
+        import pytest
+
+        def test_traced():
+            assert not [name for name in os.environ if "TFMEM" in name]
+
+        @pytest.mark.tfmem(trace="off")
+        def test_not_traced():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-trace=always")
+    result.assert_outcomes(passed=2)
+    sessions = tracedirs.session_dirs(pytester.path / ".tfmem" / "traces")
+    assert len(sessions) == 1
+    assert [p.name for p in tracedirs.traced_tests(sessions[0])] == ["test_traced.py__test_traced"]
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 
@@ -9,7 +11,7 @@ def test_host_budgets_work_with_tensorflow_hidden(pytester: pytest.Pytester, mon
     hidden = pytester.mkdir("hide_tensorflow")
     (hidden / "tensorflow").mkdir()
     (hidden / "tensorflow" / "__init__.py").write_text("raise ImportError('tensorflow hidden for this test')\n")
-    monkeypatch.setenv("PYTHONPATH", str(hidden))
+    monkeypatch.setenv("PYTHONPATH", str(hidden), prepend=os.pathsep)  # keeps a PYTHONPATH given to the suite
     pytester.makepyfile(
         """
         import numpy as np
