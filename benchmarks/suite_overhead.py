@@ -22,8 +22,9 @@ the repetitions and the ratio with/without.
 from __future__ import annotations
 
 import argparse
-import json
+import datetime
 import os
+import platform
 import resource
 import statistics
 import subprocess
@@ -32,6 +33,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``pytest_tfmem`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pytest_tfmem.atomic import write_text_atomic
 
 KERAS_MODULE = '''
 import numpy as np
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="sessions per suite and side (default 3)")
     parser.add_argument("--keras-tests", type=int, default=40, help="tests in the Keras suite (default 40)")
     parser.add_argument("--trivial-tests", type=int, default=300, help="tests in the trivial suites (default 300)")
-    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--output", help="also write the table, with the command and the machine, to this Markdown file")
     args = parser.parse_args(argv)
     runs: dict[tuple[str, bool], list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-overhead-") as temporary:
@@ -182,9 +188,16 @@ def main(argv: list[str] | None = None) -> int:
             row["rss_mib"] = {side: statistics.median(r.drift[last] - r.drift[20] for r in rs)
                               for side, rs in (("without", without), ("with", with_))}
         rows.append(row)
-    print(render(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    table = render(rows)
+    print(table)
+    if args.output:
+        command = "python benchmarks/suite_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        heading = (
+            f"# What measuring every test costs\n\nWritten by `{command.strip()}` on "
+            f"{datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+            "medians of the repetitions. See the module docstring of `benchmarks/suite_overhead.py`.\n\n"
+        )
+        write_text_atomic(args.output, heading + table + "\n")
     return 0
 
 

@@ -99,3 +99,21 @@ def test_every_workload_runs_and_every_table_renders(tmp_path):
     assert tight[1] == "0/2" and tight[2] == "2/2", tight  # no false positive; 0.25 MB/iteration caught
     assert "errors" not in "\n".join(line for line in markdown.splitlines() if line.startswith("| "))
     assert table_row(markdown, "tests importing TensorFlow (1 tests)")[3].endswith(" s")
+
+
+@pytest.mark.slow
+def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
+    """The smallest run of ``benchmarks/suite_overhead.py``: every suite with and without tfmem."""
+    output = tmp_path / "overhead.md"
+    completed = subprocess.run(
+        [sys.executable, str(REPOSITORY / "benchmarks" / "suite_overhead.py"), "--repeat", "1", "--keras-tests", "2",
+         "--trivial-tests", "25", "--output", str(output)],
+        capture_output=True, text=True, timeout=600, cwd=REPOSITORY, check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    written = output.read_text()
+    assert written.startswith("# What measuring every test costs\n\nWritten by `python benchmarks/suite_overhead.py --repeat 1")
+    for suite, tests in (("keras", "2"), ("trivial-tf", "25"), ("drift", "25")):
+        cells = table_row(written, suite)
+        assert cells[1] == tests and cells[4].startswith("x") and cells[8].startswith("x"), cells
+    assert "RSS growth from test 20 to the last test of `drift`" in written
