@@ -32,6 +32,7 @@ OVERHEAD_WORKLOADS = (("keras_fit.py", "small Keras fit (TensorFlow)"), ("numpy_
 ORDER_TESTS = (
     ("order_numpy.py", "test_numpy_arrays", "numpy heap: 300 MB of 100 KB arrays"),
     ("order_tf.py", "test_tf_tensors", "TensorFlow: 300 MB of tensors"),
+    ("order_mixed.py", "test_mixed", "mixed: 300 MB of NumPy data held while 300 MB of tensors are made"),
 )
 ISOLATION_WORKLOADS = (("isolation_numpy.py", "numpy-only tests"), ("isolation_tf.py", "tests importing TensorFlow"))
 

@@ -8,12 +8,15 @@ folded into every open window, so an inner reset never hides an outer window's p
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol
 
 from .probes import host, tf as tf_probe
+from .probes.mixed import MixedReading, MixedSampler
+from .units import format_size
 
 
 class PeakSource(Protocol):
@@ -95,6 +98,11 @@ class ViewReading:
         return self.end - self.start
 
 
+# How much the sampled mixed figure must exceed the exact views to be the headline.
+MIXED_MARGIN = 4 * 2**20
+MIXED_MARGIN_SHARE = 0.02
+
+
 @dataclass(frozen=True)
 class Measurement:
     """Immutable record of one window: one ``ViewReading`` per source.
@@ -109,6 +117,10 @@ class Measurement:
     duration_s: float
     exact: bool = True
     notes: tuple[str, ...] = ()
+    # Host memory outside TensorFlow's pool plus TF's CPU allocator, held at once: sampled
+    # (``probes.mixed``), ``None`` where not sampled.
+    mixed: int | None = None
+    mixed_interval_s: float | None = None
 
     def view(self, name: str) -> ViewReading | None:
         return next((v for v in self.views if v.view == name), None)
@@ -130,12 +142,36 @@ class Measurement:
         return max(gpus) if gpus else None
 
     @property
-    def peak(self) -> int:
+    def exact_peak(self) -> int:
+        """The larger exact view: host RSS or TF's CPU allocators (see the class docstring)."""
         return max(self.host, self.tf_host)
+
+    @property
+    def peak(self) -> int:
+        """The exact views' figure, or the sampled mixed figure where that is clearly larger."""
+        return self.mixed if self.sampled and self.mixed is not None else self.exact_peak
+
+    @property
+    def sampled(self) -> bool:
+        """The headline rests on the sampled mixed figure: it exceeds the exact views by more
+        than RSS's own noise (a page here and there), so the test held host and TF memory at once."""
+        if self.mixed is None:
+            return False
+        return self.mixed > self.exact_peak + max(MIXED_MARGIN, int(MIXED_MARGIN_SHARE * self.exact_peak))
+
+    @property
+    def basis(self) -> str:
+        """What the headline rests on: ``exact`` (the kernel's high-water mark and TF's own
+        statistics), ``sampled mixed`` (host and TF memory held at once, ``probes.mixed``) or
+        ``sampled host`` (no high-water mark on this system)."""
+        if self.sampled:
+            return "sampled mixed"
+        return "exact" if self.exact else "sampled host"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["peak"] = self.peak
+        data["basis"] = self.basis
         return data
 
     @classmethod
@@ -145,6 +181,8 @@ class Measurement:
             duration_s=data["duration_s"],
             exact=data.get("exact", True),
             notes=tuple(data.get("notes", ())),
+            mixed=data.get("mixed"),
+            mixed_interval_s=data.get("mixed_interval_s"),
         )
 
 
@@ -154,6 +192,16 @@ class Probes:
 
     host: PeakTracker = field(default_factory=lambda: PeakTracker(host.HostRSS()))
     tf_devices: list[PeakTracker] | None = None
+    _mixed: MixedSampler | None = None
+
+    def mixed_sampler(self) -> MixedSampler | None:
+        """The sampler of host and TF CPU memory held at once, where TF's CPU allocator keeps
+        statistics and the host peak is exact (a sampled host view says nothing more)."""
+        if self._mixed is None and getattr(self.host.source, "exact", True):
+            cpu = next((t.source for t in self.trackers() if t.source.name == "tf:CPU:0"), None)
+            if isinstance(cpu, tf_probe.TFAllocator):
+                self._mixed = MixedSampler(cpu)
+        return self._mixed
 
     def trackers(self) -> list[PeakTracker]:
         if self.tf_devices is None:
@@ -185,9 +233,13 @@ class Monitor:
     the per-test windows use ``garbage.Collector.collect``, which costs only the new objects).
     """
 
-    def __init__(self, *, release_first: bool = True, collect: Callable[[], object] = gc.collect) -> None:
+    def __init__(
+        self, *, release_first: bool = True, collect: Callable[[], object] = gc.collect, sample_mixed: bool = False
+    ) -> None:
         self.release_first = release_first
         self.collect = collect
+        self.sample_mixed = sample_mixed  # the per-test window: also sample host + TF memory held at once
+        self._mixed: MixedSampler | None = None
         self.measurement: Measurement | None = None
         self._windows: list[tuple[PeakTracker, _Window]] = []
         self._t0 = 0.0
@@ -196,20 +248,37 @@ class Monitor:
         if self.release_first:
             host.release_freed_memory(self.collect)
         self._windows = [(tracker, tracker.open()) for tracker in probes().trackers()]
+        self._mixed = probes().mixed_sampler() if self.sample_mixed else None
+        if self._mixed is not None:
+            self._mixed.arm()
         self._t0 = time.perf_counter()
         return self
 
-    def _measurement(self, readings: tuple[ViewReading, ...]) -> Measurement:
+    def _measurement(self, readings: tuple[ViewReading, ...], mixed: MixedReading | None) -> Measurement:
         exact = bool(getattr(probes().host.source, "exact", True))
-        notes = () if exact else ("host peak sampled every 1 ms: the kernel high-water mark is unavailable",)
-        return Measurement(readings, time.perf_counter() - self._t0, exact, notes)
+        notes = [] if exact else ["host peak sampled every 1 ms: the kernel high-water mark is unavailable"]
+        measurement = Measurement(
+            readings, time.perf_counter() - self._t0, exact, (),
+            mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
+        )
+        if measurement.sampled:
+            assert mixed is not None
+            notes.append(
+                f"host memory and TensorFlow tensors held at once: estimated from readings every "
+                f"{mixed.interval_s * 1000:g} ms of RSS and TF's CPU allocator, less TensorFlow's pool "
+                f"(the exact views alone: {format_size(measurement.host)} host RSS, "
+                f"{format_size(measurement.tf_host)} TF CPU allocator)"
+            )
+        return dataclasses.replace(measurement, notes=tuple(notes))
 
     def snapshot(self) -> Measurement:
         """The measurement so far, without ending the window."""
-        return self._measurement(tuple(tracker.peek(window) for tracker, window in self._windows))
+        mixed = self._mixed.reading() if self._mixed is not None else None
+        return self._measurement(tuple(tracker.peek(window) for tracker, window in self._windows), mixed)
 
     def stop(self) -> Measurement:
-        self.measurement = self._measurement(tuple(tracker.close(w) for tracker, w in self._windows))
+        mixed = self._mixed.disarm() if self._mixed is not None else None
+        self.measurement = self._measurement(tuple(tracker.close(w) for tracker, w in self._windows), mixed)
         return self.measurement
 
     def __enter__(self) -> Monitor:

@@ -133,7 +133,7 @@ class TfmemManager:
         if not self.is_measured(item):
             return (yield)
         self.prepare_tensorflow()
-        monitor = Monitor(collect=self.collector.collect)
+        monitor = Monitor(collect=self.collector.collect, sample_mixed=True)
         item.stash[MONITOR] = monitor
         monitor.start()
         try:

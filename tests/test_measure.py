@@ -9,6 +9,9 @@ import pytest
 
 from pytest_tfmem.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.probes import host
+from pytest_tfmem.probes.mixed import MixedSampler
+
+MIB = 2**20
 
 
 class ScriptedSource:
@@ -76,3 +79,40 @@ def test_measurement_round_trips_through_a_dict():
     assert Measurement.from_dict(data) == measurement
     assert measurement.gpu == 2
     assert measurement.tf_host == 800 and measurement.host == 490
+
+
+def test_the_sampled_mixed_figure_is_the_headline_only_when_clearly_above_the_exact_views():
+    views = (ViewReading("host", 0, 300 * MIB, 300 * MIB), ViewReading("tf:CPU:0", 0, 300 * MIB, 0))
+    mixed = Measurement(views, 1.0, mixed=600 * MIB, mixed_interval_s=0.001)
+    assert (mixed.peak, mixed.sampled, mixed.basis) == (600 * MIB, True, "sampled mixed")
+    noise = Measurement(views, 1.0, mixed=300 * MIB + 4096, mixed_interval_s=0.001)  # a page of RSS noise
+    assert (noise.peak, noise.sampled, noise.basis) == (300 * MIB, False, "exact")
+    assert Measurement.from_dict(mixed.to_dict()) == mixed and mixed.to_dict()["basis"] == "sampled mixed"
+
+
+class ScriptedAllocator:
+    """The interface of ``probes.tf.TFAllocator``: levels set by the test, as TF would report them."""
+
+    def __init__(self, in_use: int, pool: int) -> None:
+        self.in_use, self.pool_estimate = in_use, pool
+
+    def current(self) -> int:
+        self.pool_estimate = max(self.pool_estimate, self.in_use)
+        return self.in_use
+
+    def peak(self) -> int:
+        return self.current()
+
+
+def test_the_mixed_sampler_adds_host_memory_outside_the_pool_to_the_tensors_in_use():
+    """A pool of 500 MiB from an earlier test serves 300 MiB of tensors (RSS does not grow for
+    them) while the test holds 100 MiB of real host memory: it needs about 400 MiB."""
+    allocator = ScriptedAllocator(in_use=0, pool=500 * MIB)
+    sampler = MixedSampler(allocator, interval_s=0.001)  # type: ignore[arg-type]
+    sampler.arm()
+    allocator.in_use = 300 * MIB
+    block = np.ones(100 * MIB, dtype=np.uint8)
+    reading = sampler.disarm()
+    assert 395 * MIB <= reading.peak <= 410 * MIB, reading
+    assert reading.pool_growth == 0 and reading.samples >= 1
+    del block

@@ -43,20 +43,31 @@ def start_runtime(tf: ModuleType) -> None:
 
 
 class TFAllocator:
-    """A peak source over one device's TF allocator (``tf.config.experimental`` stats)."""
+    """A peak source over one device's TF allocator (``tf.config.experimental`` stats).
+
+    ``pool_estimate`` is the highest level in use seen in this process (every peak is read
+    before it is reset). TensorFlow does not say how large its pool is; a pooling allocator
+    (BFC, oneDNN's) keeps what it once held, so the highest level ever in use is the estimate.
+    """
 
     def __init__(self, tf: ModuleType, device: str) -> None:
         self._experimental = tf.config.experimental
         self.device = device
         self.name = f"tf:{device}"
+        self.pool_estimate = 0
 
     def current(self) -> int:
-        return int(self._experimental.get_memory_info(self.device)["current"])
+        level = int(self._experimental.get_memory_info(self.device)["current"])
+        self.pool_estimate = max(self.pool_estimate, level)
+        return level
 
     def peak(self) -> int:
-        return int(self._experimental.get_memory_info(self.device)["peak"])
+        level = int(self._experimental.get_memory_info(self.device)["peak"])
+        self.pool_estimate = max(self.pool_estimate, level)
+        return level
 
     def reset_peak(self) -> None:
+        self.peak()  # the highest level since the last reset counts towards the pool
         self._experimental.reset_memory_stats(self.device)
 
 

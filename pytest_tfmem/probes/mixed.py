@@ -1,0 +1,99 @@
+"""Memory held outside TensorFlow's pool and inside it at the same moment, sampled.
+
+A test that holds NumPy data while it makes tensors needs both at once. The exact views see
+one part each when TensorFlow serves the tensors from memory it pooled earlier: host RSS sees
+the NumPy data but not the tensors, TensorFlow's allocator sees the tensors only. Their sum
+is wrong too, for a test that frees its data before making tensors. What the test needs is
+the largest, over time, of
+
+    (RSS - pool) - (RSS - pool at the start)  +  (allocator in use - in use at the start)
+
+where the pool is TensorFlow's, which RSS includes. TensorFlow says how much of its allocator
+is in use, not how large the pool is; a pooling allocator keeps what it once held, so the pool
+is estimated as the highest level ever in use (``TFAllocator.pool_estimate``). The two levels
+must be read together, so a background thread reads them every ``interval_s``: a coexistence
+shorter than that can be missed, and the figure is an estimate. It never lowers the exact
+views' figure (``Measurement.peak`` takes the larger).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from . import host
+from .tf import TFAllocator
+
+DEFAULT_INTERVAL_S = 0.001
+
+
+@dataclass(frozen=True)
+class MixedReading:
+    """The sampled figure of one window, in bytes, and how it was read."""
+
+    peak: int
+    pool_growth: int  # how much the pool estimate grew in the window
+    interval_s: float
+    samples: int
+
+
+class MixedSampler:
+    """One background thread for the process, sampling only while a window is armed."""
+
+    def __init__(self, allocator: TFAllocator, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+        self.allocator = allocator
+        self.interval_s = interval_s
+        self._armed = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._start_host = self._start_in_use = self._start_pool = 0
+        self._pool = 0
+        self._peak = 0
+        self._samples = 0
+
+    def _sample(self) -> None:
+        with self._lock:
+            if not self._armed.is_set():
+                return
+            rss = host.resident_bytes()
+            in_use = self.allocator.current()
+            self._pool = max(self._pool, in_use)
+            need = (rss - self._pool) - (self._start_host - self._start_pool) + (in_use - self._start_in_use)
+            self._peak = max(self._peak, need)
+            self._samples += 1
+
+    def _run(self) -> None:
+        while True:
+            self._armed.wait()
+            try:
+                self._sample()
+            except Exception:  # TensorFlow shutting down, /proc gone: stop sampling this window
+                self._armed.clear()
+            time.sleep(self.interval_s)
+
+    def arm(self) -> None:
+        """Start a window from the levels now (after the exact views were reset)."""
+        with self._lock:
+            self._start_in_use = self.allocator.current()
+            self._start_pool = self._pool = self.allocator.pool_estimate
+            self._start_host = host.resident_bytes()
+            self._peak = 0
+            self._samples = 0
+            self._armed.set()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tfmem-mixed-sampler", daemon=True)
+            self._thread.start()
+
+    def reading(self) -> MixedReading:
+        """The window so far (with one last sample)."""
+        self._sample()
+        self.allocator.peak()  # the window's highest level in use counts towards the pool
+        with self._lock:
+            growth = max(self._pool, self.allocator.pool_estimate) - self._start_pool
+            return MixedReading(max(0, self._peak), growth, self.interval_s, self._samples)
+
+    def disarm(self) -> MixedReading:
+        reading = self.reading()
+        self._armed.clear()
+        return reading
