@@ -9,8 +9,10 @@ from pytest_tfmem import BudgetExceeded
 from . import deep_model, scale
 
 pytestmark = [pytest.mark.scenario("2. deep model: training"), pytest.mark.usefixtures("keras")]
-# Measured at scale 1: float32 + Adam ~200-250 MB, mixed precision 210-280 MB; the fixes 30-120 MB.
-TRAINING_BUDGET = f"{160 * scale()}MB"
+# Measured at scale 1 (host and TF memory held at once counted together, so the same in any
+# order): float32 + Adam ~250-260 MB, mixed precision ~310-330 MB; bfloat16 weights ~180-190 MB,
+# the other fixes 60-110 MB.
+TRAINING_BUDGET = f"{210 * scale()}MB"
 # Keras float32 model loaded + one batch ~75-105 MB; int8 TensorFlow Lite ~32 MB.
 INFERENCE_BUDGET = f"{50 * scale()}MB"
 no_saving = pytest.mark.xfail(strict=True, raises=BudgetExceeded, reason="no memory saved on CPU")
