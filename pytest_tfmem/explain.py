@@ -353,7 +353,8 @@ def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
             text += [*LEGEND, *(f"note: {note}" for note in data["notes"])]
         result.append((f"memory by line ({function.name})", "\n".join(text)))
     if not lines:
-        result.append((f"memory by line ({nodeid})", "\n".join([data["description"], *(f"note: {n}" for n in data["notes"])])))
+        text = [data["description"], *(f"note: {n}" for n in data["notes"])]
+        result.append((f"memory by line ({nodeid})", "\n".join(text)))
     if allocators:
         text = [f"from {data['tensorflow']['source']}"]
         for peak in allocators:

@@ -269,9 +269,8 @@ class TfmemIsolation:
             report.sections.append(("isolated process output", output))
         died = [report]
         if phase != "teardown":
-            died.append(
-                item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(lambda: None, "teardown"))
-            )
+            teardown = pytest.CallInfo.from_call(lambda: None, "teardown")
+            died.append(item.ihook.pytest_runtest_makereport(item=item, call=teardown))
         return died
 
     # -- the summary of isolated tests ------------------------------------------------------

@@ -117,7 +117,9 @@ def load_report(path: str | Path) -> SessionReport:
         raise ReportError(path, f'not a pytest-tfmem report (expected a JSON object with "format": "{FORMAT}")')
     if data.get("version") != VERSION:
         raise ReportError(
-            path, f"report format version {data.get('version')!r} is not supported (this pytest-tfmem reads version {VERSION})"
+            path,
+            f"report format version {data.get('version')!r} is not supported "
+            f"(this pytest-tfmem reads version {VERSION})",
         )
     tests = data.get("tests")
     if not isinstance(tests, list):
@@ -127,7 +129,8 @@ def load_report(path: str | Path) -> SessionReport:
         try:
             records.append(TestRecord.from_dict(test))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise ReportError(path, f"test #{index + 1} is not a valid test record ({type(error).__name__}: {error})") from None
+            why = f"{type(error).__name__}: {error}"
+            raise ReportError(path, f"test #{index + 1} is not a valid test record ({why})") from None
     environment = data.get("environment") if isinstance(data.get("environment"), dict) else {}
     return SessionReport(
         tests=records,
