@@ -263,7 +263,7 @@ class DeviceMemory:
             section["devices"] = [dataclasses.asdict(device) for device in self.nvml.devices()]
         except self.nvml.error as error:
             section["problems"] = [f"NVML could not read the GPUs: {error}"]
-        problems = [t.source.problem for t in self._nvml_trackers or () if getattr(t.source, "problem", "")]
+        problems = [problem for t in self._nvml_trackers or () if (problem := getattr(t.source, "problem", ""))]
         if problems:
             section.setdefault("problems", []).extend(problems)
         return section

@@ -7,7 +7,7 @@ tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
 from __future__ import annotations
 
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 
 import pytest
 
@@ -188,8 +188,10 @@ class TfmemManager:
         rerun.output = read_output(item)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-        report: pytest.TestReport = yield
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         record = item.stash.get(RECORD, None)
         if call.when == "call" and record is not None:
             report.sections.append(("tfmem", _section_text(record)))

@@ -131,7 +131,8 @@ def load_report(path: str | Path) -> SessionReport:
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             why = f"{type(error).__name__}: {error}"
             raise ReportError(path, f"test #{index + 1} is not a valid test record ({why})") from None
-    environment = data.get("environment") if isinstance(data.get("environment"), dict) else {}
+    recorded = data.get("environment")
+    environment: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     return SessionReport(
         tests=records,
         environment=environment,

@@ -237,7 +237,9 @@ class TracePlugin:
             republish(item, record)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, Any]:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         info = item.stash.get(TRACE, None)
         if call.when == "call" and info is not None:
