@@ -70,7 +70,9 @@ def test_times(directory: Path, arguments: list[str]) -> float:
     return sum(float(case.get("time", 0)) for case in ET.parse(junit).getroot().iter("testcase"))
 
 
-def compare(directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]) -> dict[str, tuple[float, float]]:
+def compare(
+    directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]
+) -> dict[str, tuple[float, float]]:
     """(median, fastest) summed test time per setting; the settings alternate so drift hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in settings}
     for _ in range(repeats):
@@ -137,7 +139,10 @@ def main() -> None:
         times = compare(workload(root, "keras", PASSING_WORKLOAD), "4GB", args.repeats, SETTINGS)
         print_times(f"8 passing Keras fit tests, summed test time ({args.repeats} runs):", times)
         hooks = hook_time_per_test(workload(root, "empty", EMPTY_WORKLOAD))
-        print(f"explain on (rerun): its hooks take {hooks * 1e6:.0f} us per passing test ({EMPTY_TESTS} empty tests, cProfile)")
+        print(
+            f"explain on (rerun): its hooks take {hooks * 1e6:.0f} us per passing test "
+            f"({EMPTY_TESTS} empty tests, cProfile)"
+        )
         on_off = {name: SETTINGS[name] for name in ("off", "on (rerun)")}
         times = compare(workload(root, "failing", FAILING_WORKLOAD), "200MB", args.repeats, on_off)
         print_times(f"1 failing test (100 + 300 + 50 MB), its test time ({args.repeats} runs):", times)

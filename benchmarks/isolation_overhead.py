@@ -90,7 +90,8 @@ def main() -> None:
             path = Path(directory)
             (path / f"test_{name}.py").write_text(source.replace("{tests}", str(args.tests)))
             wall, cpu = medians([session_seconds(path) for _ in range(args.repeats)])
-            wall_isolated, cpu_isolated = medians([session_seconds(path, "--tfmem-isolate") for _ in range(args.repeats)])
+            isolated = [session_seconds(path, "--tfmem-isolate") for _ in range(args.repeats)]
+            wall_isolated, cpu_isolated = medians(isolated)
         extra_wall, extra_cpu = (wall_isolated - wall) / args.tests, (cpu_isolated - cpu) / args.tests
         print(
             f"{name:<11} {wall:>7.2f} / {cpu:>5.2f}s {wall_isolated:>7.2f} / {cpu_isolated:>5.2f}s "

@@ -89,7 +89,9 @@ def plan(sections: tuple[str, ...], sizes: Sizes) -> list[tuple[int, Job | tuple
         if "isolation" in sections and sizes.slow_jobs_in(rep):
             tests = (("TFMEM_BENCH_TESTS", str(sizes.isolation_tests)),)
             for workload, _ in tables.ISOLATION_WORKLOADS:
-                steps += [(rep, Job("isolation", workload, c, sizes=tests)) for c in _rotated(ISOLATION_CONTENDERS, rep)]
+                steps += [
+                    (rep, Job("isolation", workload, c, sizes=tests)) for c in _rotated(ISOLATION_CONTENDERS, rep)
+                ]
     return steps
 
 
@@ -142,7 +144,8 @@ def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, com
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="one repetition, 2 spike/leak runs, 1 test per session: checks the harness, not the numbers")
+                        help="one repetition, 2 spike/leak runs, 1 test per session: "
+                             "checks the harness, not the numbers")
     parser.add_argument("--repeat", type=int, help=f"repetitions of every job (default {FULL.repeat})")
     parser.add_argument("--runs", type=int, help=f"spike and leak runs per contender (default {FULL.runs})")
     parser.add_argument("--workloads", default=",".join(SECTIONS),

@@ -84,13 +84,16 @@ class Runner:
         wall_s = time.perf_counter() - started
         if completed.returncode not in (0, 1):  # 1: some tests failed, as leak checks should
             raise WorkloadError(f"{job.describe()}: pytest exited {completed.returncode}\n{_tail(completed)}")
-        tests = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines()] if results.exists() else []
+        lines = results.read_text(encoding="utf-8").splitlines() if results.exists() else []
+        tests = [json.loads(line) for line in lines]
         return JobResult(job, tests, wall_s)
 
     def reference_peak(self, workload: str, test_name: str) -> int:
         """The test's peak alone in a fresh interpreter (``benchmarks/reference.py``)."""
         command = [sys.executable, "-m", "benchmarks.reference", workload, test_name]
-        completed = subprocess.run(command, cwd=self._scratch, env=self._env({}), capture_output=True, text=True, check=False)
+        completed = subprocess.run(
+            command, cwd=self._scratch, env=self._env({}), capture_output=True, text=True, check=False
+        )
         if completed.returncode != 0:
             raise WorkloadError(f"reference peak of {workload}::{test_name} failed\n{_tail(completed)}")
         return int(json.loads(completed.stdout.strip().splitlines()[-1])["peak"])

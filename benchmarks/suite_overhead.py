@@ -147,7 +147,8 @@ def run_session(suite: Path, with_plugin: bool) -> Run:
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if completed.returncode != 0:
-        raise RuntimeError(f"{suite.name} ({'with' if with_plugin else 'without'} tfmem) failed:\n{completed.stdout[-3000:]}")
+        how = "with" if with_plugin else "without"
+        raise RuntimeError(f"{suite.name} ({how} tfmem) failed:\n{completed.stdout[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     drift = {}
     if drift_file.exists():
@@ -162,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="sessions per suite and side (default 3)")
     parser.add_argument("--keras-tests", type=int, default=40, help="tests in the Keras suite (default 40)")
     parser.add_argument("--trivial-tests", type=int, default=300, help="tests in the trivial suites (default 300)")
-    parser.add_argument("--output", help="also write the table, with the command and the machine, to this Markdown file")
+    parser.add_argument(
+        "--output", help="also write the table, with the command and the machine, to this Markdown file"
+    )
     args = parser.parse_args(argv)
     runs: dict[tuple[str, bool], list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-overhead-") as temporary:
@@ -209,7 +212,8 @@ def render(rows: list[dict]) -> str:
     for row in rows:
         wall, cpu = row["wall_s"], row["cpu_s"]
         lines.append(
-            f"| {row['suite']} | {row['tests']} | {wall[0]:.2f} s | {wall[1]:.2f} s | x{wall[2]:.3f} | {wall[3]:+.1f} ms "
+            f"| {row['suite']} | {row['tests']} "
+            f"| {wall[0]:.2f} s | {wall[1]:.2f} s | x{wall[2]:.3f} | {wall[3]:+.1f} ms "
             f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} |"
         )
     drift = next((row["rss_mib"] for row in rows if "rss_mib" in row), None)

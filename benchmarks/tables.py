@@ -28,7 +28,10 @@ LEAK_SIZES_MB = (0.25, 0.5, 1, 2)
 LEAK_VERDICTS = {"tfmem-leak": "LeakDetected", "memray-leaks": "allowed to leak", "object-count": "new objects by type"}
 NOT_A_PEAK = "n/a: reports no memory figure"
 
-OVERHEAD_WORKLOADS = (("keras_fit.py", "small Keras fit (TensorFlow)"), ("numpy_heavy.py", "numpy-heavy (no TensorFlow)"))
+OVERHEAD_WORKLOADS = (
+    ("keras_fit.py", "small Keras fit (TensorFlow)"),
+    ("numpy_heavy.py", "numpy-heavy (no TensorFlow)"),
+)
 ORDER_TESTS = (
     ("order_numpy.py", "test_numpy_arrays", "numpy heap: 300 MB of 100 KB arrays"),
     ("order_tf.py", "test_tf_tensors", "TensorFlow: 300 MB of tensors"),
@@ -87,7 +90,9 @@ def _error_cell(error: float | None) -> str:
     return "n/a" if error is None else f"{error * 100:.0f}%"
 
 
-def overhead_medians(results: Results, workload: str, figure: str = "seconds") -> dict[Contender, tuple[float | None, int]]:
+def overhead_medians(
+    results: Results, workload: str, figure: str = "seconds"
+) -> dict[Contender, tuple[float | None, int]]:
     """Median of ``figure`` (``seconds`` or ``cpu_seconds``) over passing tests, and their count."""
     medians = {}
     for contender in PEAK_CONTENDERS:

@@ -62,7 +62,8 @@ def test_hooks_of_a_passing_test(request):
     item, call = request.node, pytest.CallInfo.from_call(lambda: None, "call")
     started = time.perf_counter()
     for _ in range(CALLS):
-        for hook, sent in ((trace.pytest_runtest_call(item), None), (trace.pytest_runtest_makereport(item, call), None)):
+        hooks = ((trace.pytest_runtest_call(item), None), (trace.pytest_runtest_makereport(item, call), None))
+        for hook, sent in hooks:
             next(hook)
             try:
                 hook.send(sent)
@@ -109,7 +110,9 @@ def test_times(directory: Path, arguments: list[str]) -> tuple[float, float]:
     return sum(wall for wall, _ in rows), sum(cpu for _, cpu in rows)
 
 
-def compare(directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]) -> dict[str, tuple[float, float]]:
+def compare(
+    directory: Path, budget: str, repeats: int, settings: dict[str, list[str]]
+) -> dict[str, tuple[float, float]]:
     """Median summed (wall, CPU) test time per setting; the settings alternate so drift hits them alike."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in settings}
     for _ in range(repeats):

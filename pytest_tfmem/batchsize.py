@@ -24,8 +24,7 @@ from typing import Any
 import psutil
 
 from .measure import Measurement, Monitor
-from .probes import host
-from .probes import tf as tf_probe
+from .probes import host, tf as tf_probe
 from .units import format_size, parse_size
 
 # Exception class names that mean "this batch did not fit" rather than "the step is broken".

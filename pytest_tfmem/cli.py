@@ -119,10 +119,12 @@ def run_compare(args: argparse.Namespace) -> int:
         notes.append("the baseline was recorded in a different environment: " + "; ".join(differences))
     missing = sorted(set(baseline.tests) - {record.nodeid for record in report.tests})
     if missing:
-        notes.append(f"{len(missing)} baseline test(s) not in the report: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        more = " ..." if len(missing) > 5 else ""
+        notes.append(f"{len(missing)} baseline test(s) not in the report: {', '.join(missing[:5])}{more}")
     shown = sort_comparisons(comparisons if args.all else [c for c in comparisons if c.status != WITHIN])
     if args.markdown:
-        print(comparison_markdown(comparisons, title="pytest-tfmem: memory compared with the baseline", notes=notes), end="")
+        title = "pytest-tfmem: memory compared with the baseline"
+        print(comparison_markdown(comparisons, title=title, notes=notes), end="")
     else:
         for note in notes:
             print(f"tfmem: warning: {note}", file=sys.stderr)
@@ -130,7 +132,8 @@ def run_compare(args: argparse.Namespace) -> int:
             print("\n".join(render_table(comparison_rows(shown))))
         statuses = [c.status for c in comparisons]
         print(
-            f"{statuses.count(REGRESSION)} regression(s), {statuses.count(IMPROVEMENT)} improvement(s) beyond tolerance, "
+            f"{statuses.count(REGRESSION)} regression(s), "
+            f"{statuses.count(IMPROVEMENT)} improvement(s) beyond tolerance, "
             f"{statuses.count(WITHIN)} within tolerance, {statuses.count(NEW)} not in the baseline"
         )
     return EXIT_REGRESSION if REGRESSION in {c.status for c in comparisons} else EXIT_OK
@@ -150,7 +153,9 @@ def add_show(subparsers: argparse._SubParsersAction) -> None:
 
 def run_show(args: argparse.Namespace) -> int:
     report = _load(load_report, args.report)
-    environment = ", ".join(f"{key} {value}" for key, value in sorted(report.environment.items()) if value not in (None, []))
+    environment = ", ".join(
+        f"{key} {value}" for key, value in sorted(report.environment.items()) if value not in (None, [])
+    )
     print(f"report {args.report}: created {report.created or '?'}, pytest exit status {report.exitstatus}")
     if environment:
         print(f"environment: {environment}")

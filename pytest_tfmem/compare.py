@@ -89,7 +89,9 @@ class Comparison:
         return {"current": self.current, "baseline": self.baseline, "status": self.status}
 
 
-def compare(nodeid: str, measurement: Measurement, entry: BaselineEntry | None, tolerance: Tolerance) -> list[Comparison]:
+def compare(
+    nodeid: str, measurement: Measurement, entry: BaselineEntry | None, tolerance: Tolerance
+) -> list[Comparison]:
     """One comparison per quantity the test measured; all ``NEW`` when there is no entry."""
     reference = entry.quantities() if entry is not None else {}
     return [

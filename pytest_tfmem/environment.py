@@ -50,7 +50,8 @@ def _gpu_names() -> list[str]:
 
 
 def current_environment() -> dict[str, Any]:
-    """``{"python": "3.11", "platform": "Linux x86_64", "cpu": ..., "cpu_count": 2, "gpus": [], "tensorflow": "2.21.0", ...}``."""
+    """``{"python": "3.11", "platform": "Linux x86_64", "cpu": ..., "cpu_count": 2, "gpus": [],
+    "tensorflow": "2.21.0", ...}``."""
     environment: dict[str, Any] = {
         "python": ".".join(platform.python_version_tuple()[:2]),
         "platform": f"{platform.system()} {platform.machine()}",
@@ -63,7 +64,9 @@ def current_environment() -> dict[str, Any]:
     return environment
 
 
-def environment_differences(recorded: dict[str, Any], current: dict[str, Any], *, current_label: str = "here") -> list[str]:
+def environment_differences(
+    recorded: dict[str, Any], current: dict[str, Any], *, current_label: str = "here"
+) -> list[str]:
     """``["tensorflow 2.20.0 in the baseline, 2.21.0 here", ...]`` for each key that differs."""
     differences = []
     for key in sorted(set(recorded) | set(current)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 
-class TfmemFailure(pytest.fail.Exception):  # type: ignore[name-defined,misc]
+class TfmemFailure(pytest.fail.Exception):  # type: ignore[name-defined]  # an attribute of a function, not a name
     """Base class of every memory verdict that fails a test."""
 
     def __init__(self, message: str) -> None:

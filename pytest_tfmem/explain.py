@@ -51,7 +51,7 @@ LEGEND = [
 ]
 _DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 # A test's report sections, and its own run when traced from the start, on its item.
-SECTIONS = pytest.StashKey[list]()
+SECTIONS = pytest.StashKey[list[tuple[str, str]]]()  # (title, text) of the report sections
 OWN_RUN = pytest.StashKey["TracedRun"]()
 
 
@@ -260,7 +260,7 @@ class ExplainPlugin:
         """Read the failed test's traced run (its TF trace too) and publish the explanation."""
         trace = item.stash.get(TRACE, None)
         trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
-        if trace_files:
+        if trace and trace_files:
             source = "the test's TensorBoard trace (" + (
                 "its re-run by the trace feature)" if trace["traced"] == "rerun" else "its own run)")
             profile_files = trace_files
@@ -274,7 +274,9 @@ class ExplainPlugin:
         _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # outer: after the core's ``tfmem`` section
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, Any]:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """A test traced from the start that failed a tfmem check is explained before its call
         report is made (by then every feature has finished with the test's own run)."""
         own_run = item.stash.get(OWN_RUN, None) if call.when == "call" else None
@@ -289,7 +291,8 @@ class ExplainPlugin:
             _remove_capture(own_run.profiler)
         report = yield
         if call.when == "call":
-            report.sections.extend(item.stash.get(SECTIONS, []))
+            explained = item.stash.get(SECTIONS, [])
+            report.sections.extend(explained)
         return report
 
 
@@ -353,7 +356,8 @@ def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
             text += [*LEGEND, *(f"note: {note}" for note in data["notes"])]
         result.append((f"memory by line ({function.name})", "\n".join(text)))
     if not lines:
-        result.append((f"memory by line ({nodeid})", "\n".join([data["description"], *(f"note: {n}" for n in data["notes"])])))
+        text = [data["description"], *(f"note: {n}" for n in data["notes"])]
+        result.append((f"memory by line ({nodeid})", "\n".join(text)))
     if allocators:
         text = [f"from {data['tensorflow']['source']}"]
         for peak in allocators:

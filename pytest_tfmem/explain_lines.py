@@ -277,7 +277,8 @@ def render_lines(function: FunctionLines) -> list[str]:
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(cells, widths)) + "  " + text
              for cells, text in zip(table, contents)]
     if len(function.rows) > len(shown):
-        lines.append(f"({len(function.rows) - len(shown)} lines with smaller increases not shown; all are in the JSON record)")
+        hidden = len(function.rows) - len(shown)
+        lines.append(f"({hidden} lines with smaller increases not shown; all are in the JSON record)")
     return lines
 
 

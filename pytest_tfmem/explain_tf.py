@@ -127,10 +127,15 @@ def peak_allocations(profile: dict[str, Any], top: int) -> list[AllocatorPeak]:
 
 def render_ops(peak: AllocatorPeak) -> list[str]:
     """``op  shape  dtype  count  MiB`` for one allocator, with a heading line."""
-    heading = f"allocator {peak.allocator}: {format_size(peak.peak_bytes)} in use at its peak, {peak.peak_time_s:.2f} s into the trace"
+    heading = (
+        f"allocator {peak.allocator}: {format_size(peak.peak_bytes)} in use at its peak, "
+        f"{peak.peak_time_s:.2f} s into the trace"
+    )
     lines = [heading]
     table = [["op", "shape", "dtype", "count", "MiB"]]
-    table += [[row.op, row.shape or "-", row.dtype or "-", str(row.count), f"{row.bytes / MIB:.1f}"] for row in peak.rows]
+    table += [
+        [row.op, row.shape or "-", row.dtype or "-", str(row.count), f"{row.bytes / MIB:.1f}"] for row in peak.rows
+    ]
     widths = [max(len(cells[i]) for cells in table) for i in range(5)]
     for cells in table:
         left = [cell.ljust(width) for cell, width in zip(cells[:3], widths[:3])]

@@ -152,7 +152,9 @@ class CiGates:
         except BaselineError as error:
             advice = ""
             if missing_ok:  # the file --tfmem-save-baseline would merge into
-                advice = " (--tfmem-save-baseline merges into an existing file: fix or remove it; it was left unchanged)"
+                advice = (
+                    " (--tfmem-save-baseline merges into an existing file: fix or remove it; it was left unchanged)"
+                )
             raise pytest.UsageError(f"pytest-tfmem: {error}{advice}") from None
 
     @pytest.hookimpl
@@ -198,7 +200,8 @@ class CiGates:
         assert self.save_path is not None and self.save_into is not None
         if exitstatus in _NOT_SAVED_AFTER:
             how = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
-            self.outcome_lines.append((f"baseline not saved: the run was {how}; {self.save_path} is unchanged", {"yellow": True}))
+            message = f"baseline not saved: the run was {how}; {self.save_path} is unchanged"
+            self.outcome_lines.append((message, {"yellow": True}))
             return
         updated = self.save_into.merged(records, prune=self.prune)
         saved = sum(record.measurement is not None and record.outcome == "passed" for record in records)
@@ -229,7 +232,8 @@ class CiGates:
         try:
             write(path)
         except OSError as error:
-            self.outcome_lines.append((f"could not write the {what} to {path}: {error.strerror or error}", {"red": True}))
+            message = f"could not write the {what} to {path}: {error.strerror or error}"
+            self.outcome_lines.append((message, {"red": True}))
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return

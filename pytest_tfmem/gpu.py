@@ -136,7 +136,8 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     peak = max(increase for _, increase in views)
     relation = ">" if peak > budget else "<="
     labels = ", ".join(f"{view_label(name)} {format_size(increase)}" for name, increase in views)
-    return Verdict(CHECK, peak <= budget, f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})")
+    message = f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})"
+    return Verdict(CHECK, peak <= budget, message)
 
 
 # -- TensorFlow's device set-up ------------------------------------------------------------
@@ -160,7 +161,9 @@ def apply_gpu_limit(tf: ModuleType, runtime_started: bool, limit: int) -> str:
     limit_mib = max(1, limit // 2**20)
     try:
         for gpu in gpus:
-            tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)])
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
+            )
     except (RuntimeError, ValueError) as error:
         return f"{option} not applied: TensorFlow refused it: {error}"
     return ""
@@ -260,7 +263,7 @@ class DeviceMemory:
             section["devices"] = [dataclasses.asdict(device) for device in self.nvml.devices()]
         except self.nvml.error as error:
             section["problems"] = [f"NVML could not read the GPUs: {error}"]
-        problems = [t.source.problem for t in self._nvml_trackers or () if getattr(t.source, "problem", "")]
+        problems = [problem for t in self._nvml_trackers or () if (problem := getattr(t.source, "problem", ""))]
         if problems:
             section.setdefault("problems", []).extend(problems)
         return section

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -224,8 +224,8 @@ class TfmemIsolation:
             # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
             # before reporting usually does (Python's fault report, an error message).
             sigkilled = result.returncode == -signal.SIGKILL
-            output = "" if sigkilled else output_excerpt(workdir / "output.log", OUTPUT_LINES)
-            reports += self._died_reports(item, policy, reports, events, result, isolated, output)
+            excerpt = "" if sigkilled else output_excerpt(workdir / "output.log", OUTPUT_LINES)
+            reports += self._died_reports(item, policy, reports, events, result, isolated, excerpt)
         return reports
 
     def _died_reports(
@@ -240,6 +240,7 @@ class TfmemIsolation:
     ) -> list[pytest.TestReport]:
         """A failure report for the phase the child died in, and an empty teardown after it."""
         phases = {report.when: report for report in reports}
+        phase: Literal["setup", "call", "teardown"]
         if "setup" not in phases:
             phase = "setup"
         elif phases["setup"].passed and "call" not in phases:
@@ -269,9 +270,8 @@ class TfmemIsolation:
             report.sections.append(("isolated process output", output))
         died = [report]
         if phase != "teardown":
-            died.append(
-                item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(lambda: None, "teardown"))
-            )
+            teardown = pytest.CallInfo.from_call(lambda: None, "teardown")
+            died.append(item.ihook.pytest_runtest_makereport(item=item, call=teardown))
         return died
 
     # -- the summary of isolated tests ------------------------------------------------------

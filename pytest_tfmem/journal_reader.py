@@ -93,8 +93,8 @@ def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tupl
         lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
         code = EXIT_DID_NOT_FINISH
 
-    started: dict[tuple[Any, str], dict[str, Any]] = {}
-    readings: dict[tuple[Any, str], dict[str, Any]] = {}
+    started: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # by (worker, nodeid)
+    readings: dict[tuple[str | None, str | None], dict[str, Any]] = {}
     finished = []
     for entry in session:
         key = (entry.get("worker"), entry.get("nodeid"))

@@ -54,7 +54,9 @@ def theil_sen_slope(levels: list[int] | tuple[int, ...]) -> float:
 def check_arguments(iterations: object, warmup: object, max_growth: object) -> tuple[int, int, int]:
     """Validated ``(iterations, warmup, max_growth in bytes)``; ``ValueError`` names the bad value."""
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
-        raise ValueError(f"invalid iterations {iterations!r}: expected a whole number >= 2 (a slope needs two readings)")
+        raise ValueError(
+            f"invalid iterations {iterations!r}: expected a whole number >= 2 (a slope needs two readings)"
+        )
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"invalid warmup {warmup!r}: expected a whole number >= 0")
     return iterations, warmup, parse_size(max_growth, what="max_growth")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from .probes import host, tf as tf_probe
 from .probes.mixed import MixedReading, MixedSampler

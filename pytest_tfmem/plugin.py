@@ -7,7 +7,7 @@ tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
 from __future__ import annotations
 
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 
 import pytest
 
@@ -16,15 +16,22 @@ from .checks import Verdict, check_budget
 from .errors import failure_for
 from .fixture import TfmemFixture
 from .measure import Measurement, Monitor
-from .probes import host
-from .probes import tf as tf_probe
+from .probes import host, tf as tf_probe
 from .probes.garbage import Collector
 from .records import TestRecord, record_from_report, republish
 from .report import render_table, summary_rows
 from .rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 
 # Feature modules, each a pytest plugin of its own (options, markers, hooks).
-pytest_plugins: list[str] = ["pytest_tfmem.gates", "pytest_tfmem.trace", "pytest_tfmem.isolate", "pytest_tfmem.journal", "pytest_tfmem.gpu", "pytest_tfmem.explain", "pytest_tfmem.leak_marker"]
+pytest_plugins: list[str] = [
+    "pytest_tfmem.gates",
+    "pytest_tfmem.trace",
+    "pytest_tfmem.isolate",
+    "pytest_tfmem.journal",
+    "pytest_tfmem.gpu",
+    "pytest_tfmem.explain",
+    "pytest_tfmem.leak_marker",
+]
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()
@@ -87,7 +94,7 @@ class TfmemManager:
 
     def budget_for(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(ARGUMENTS, {})
-        return arguments["budget"] if "budget" in arguments else self.settings.budget
+        return arguments.get("budget", self.settings.budget)
 
     def prepare_tensorflow(self) -> None:
         """Once TF is loaded: let features configure devices, then start its runtime."""
@@ -168,7 +175,9 @@ class TfmemManager:
             except pytest.exit.Exception:
                 raise
             except Exception as error:  # a re-run must never hide the test's own outcome
-                warnings.warn(pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"))
+                warnings.warn(
+                    pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
+                )
         republish(item, record)
 
     @pytest.hookimpl(trylast=True)
@@ -179,8 +188,10 @@ class TfmemManager:
         rerun.output = read_output(item)
 
     @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-        report: pytest.TestReport = yield
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
         record = item.stash.get(RECORD, None)
         if call.when == "call" and record is not None:
             report.sections.append(("tfmem", _section_text(record)))
@@ -196,7 +207,9 @@ class TfmemManager:
             record = record_from_report(report)
             if record is not None:
                 self.records.append(record)
-            self.not_measured += [(report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED]
+            self.not_measured += [
+                (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
+            ]
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:

@@ -25,7 +25,8 @@ def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
     measured = [r for r in records if r.measurement is not None]
     measured.sort(key=lambda r: r.measurement.peak, reverse=True)  # type: ignore[union-attr]
     with_nvml = any(v.view.startswith("nvml:") for r in measured for v in r.measurement.views)  # type: ignore[union-attr]
-    rows = [["test", "peak", "host RSS", "TF CPU", "TF GPU", *(["NVML GPU"] if with_nvml else []), "budget", "use", "result"]]
+    nvml_column = ["NVML GPU"] if with_nvml else []
+    rows = [["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", "result"]]
     for record in measured[:top]:
         m = record.measurement
         assert m is not None

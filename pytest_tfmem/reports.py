@@ -117,7 +117,9 @@ def load_report(path: str | Path) -> SessionReport:
         raise ReportError(path, f'not a pytest-tfmem report (expected a JSON object with "format": "{FORMAT}")')
     if data.get("version") != VERSION:
         raise ReportError(
-            path, f"report format version {data.get('version')!r} is not supported (this pytest-tfmem reads version {VERSION})"
+            path,
+            f"report format version {data.get('version')!r} is not supported "
+            f"(this pytest-tfmem reads version {VERSION})",
         )
     tests = data.get("tests")
     if not isinstance(tests, list):
@@ -127,8 +129,10 @@ def load_report(path: str | Path) -> SessionReport:
         try:
             records.append(TestRecord.from_dict(test))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise ReportError(path, f"test #{index + 1} is not a valid test record ({type(error).__name__}: {error})") from None
-    environment = data.get("environment") if isinstance(data.get("environment"), dict) else {}
+            why = f"{type(error).__name__}: {error}"
+            raise ReportError(path, f"test #{index + 1} is not a valid test record ({why})") from None
+    recorded = data.get("environment")
+    environment: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
     return SessionReport(
         tests=records,
         environment=environment,

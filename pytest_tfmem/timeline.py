@@ -66,7 +66,8 @@ class Timeline:
         window.times = [0.0] + [self.times[i] - begin for i in kept]
         window.wall_times = [self.wall_times[-1] - duration_s] + [self.wall_times[i] for i in kept]
         window.values = {
-            v: [starts[v] if v in starts else self.values[v][-1]] + [self.values[v][i] for i in kept] for v in self.views
+            v: [starts[v] if v in starts else self.values[v][-1]] + [self.values[v][i] for i in kept]
+            for v in self.views
         }
         return window
 
@@ -130,11 +131,12 @@ class ScalarEventFile:
         from tensorboard.summary.writer.record_writer import RecordWriter
         from tensorboard.util import tensor_util
 
-        self._event_pb2, self._summary_pb2, self._metadata, self._tensor_util = event_pb2, summary_pb2, metadata, tensor_util
+        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+        self._metadata, self._tensor_util = metadata, tensor_util
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.tfmem"
         self.path = logdir / name
         self._temporary = logdir / f".{name}.partial".replace("tfevents", "events")
-        self._file = open(self._temporary, "wb")
+        self._file = open(self._temporary, "wb")  # noqa: SIM115 (kept open for the writer; close() closes it)
         self._records = RecordWriter(self._file)
         self._described: set[str] = set()
         self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
@@ -149,7 +151,8 @@ class ScalarEventFile:
             summary_metadata.summary_description = description
         summary_metadata.data_class = self._summary_pb2.DataClass.DATA_CLASS_SCALAR
         event = self._event_pb2.Event(wall_time=wall_time, step=step)
-        event.summary.value.add(tag=tag, tensor=self._tensor_util.make_tensor_proto(float(value)), metadata=summary_metadata)
+        tensor = self._tensor_util.make_tensor_proto(float(value))
+        event.summary.value.add(tag=tag, tensor=tensor, metadata=summary_metadata)
         self._write(event)
 
     def close(self) -> None:
@@ -171,7 +174,8 @@ def write_scalars(logdir: Path, timeline: Timeline, starts: dict[str, int], budg
             tag = scalar_tag(view)
             tags.append(tag)
             description = f"{view_label(view)}, MiB above the level at the start of the test"
-            for elapsed, wall_time, value in zip(timeline.times, timeline.wall_times, timeline.above(view, starts[view])):
+            values = timeline.above(view, starts[view])
+            for elapsed, wall_time, value in zip(timeline.times, timeline.wall_times, values):
                 events.add_scalar(tag, value, round(elapsed * 1000), wall_time, description)
         if budget is not None and timeline.times:
             tag = SCALAR_PREFIX + "budget_mib"
@@ -206,7 +210,8 @@ def plot_png(
     if budget is not None:
         axes.axhline(budget / MIB, color="tab:red", linestyle="--", label=f"budget {format_size(budget)}")
     if exact_peak is not None:
-        axes.axhline(exact_peak / MIB, color="0.35", linestyle=":", label=f"exact peak of this run {format_size(exact_peak)}")
+        label = f"exact peak of this run {format_size(exact_peak)}"
+        axes.axhline(exact_peak / MIB, color="0.35", linestyle=":", label=label)
     if verdict_peak is not None and verdict_peak != exact_peak:
         axes.axhline(verdict_peak / MIB, color="tab:purple", linestyle="-.", linewidth=0.9,
                      label=f"peak of the verdict run {format_size(verdict_peak)}")

@@ -147,7 +147,11 @@ class TracePlugin:
 
     def _new_directory(self, item: pytest.Item) -> Path | None:
         """A fresh directory for the item's trace, or ``None`` (with a warning) if none can be made."""
-        details = {"rootdir": str(self.config.rootpath), "pid": os.getpid(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        details = {
+            "rootdir": str(self.config.rootpath),
+            "pid": os.getpid(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         try:
             session = tracedirs.prepare_session(self.settings.root, self.session_name, details)
             return tracedirs.create_unique_dir(session, tracedirs.readable_name(item.nodeid))
@@ -233,7 +237,9 @@ class TracePlugin:
             republish(item, record)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, Any]:
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
         info = item.stash.get(TRACE, None)
         if call.when == "call" and info is not None:

@@ -57,7 +57,8 @@ class Capture:
 @contextmanager
 def capturing(directory: Path) -> Iterator[Capture]:
     """Profile and sample the block into ``directory``; both stop when it ends, however it ends."""
-    capture = Capture(directory, ProfilerCapture(tf_probe.loaded_tensorflow(), directory), TimelineSampler(memory_views()))
+    profiler = ProfilerCapture(tf_probe.loaded_tensorflow(), directory)
+    capture = Capture(directory, profiler, TimelineSampler(memory_views()))
     capture.profiler.start()
     try:
         capture.sampler.start()

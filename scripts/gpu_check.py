@@ -99,7 +99,9 @@ def find_framework() -> tuple[Framework | None, str]:
     return None, "; ".join(reasons)
 
 
-def check(framework: Framework, probe: ModuleType, size: int, tolerance: float, pynvml: Any = None) -> tuple[bool, list[str]]:
+def check(
+    framework: Framework, probe: ModuleType, size: int, tolerance: float, pynvml: Any = None
+) -> tuple[bool, list[str]]:
     """Allocate ``size`` with ``framework``; compare with what the NVML probe reads."""
     nvml, reason = probe.Nvml.open(pynvml)
     if nvml is None:
@@ -127,16 +129,18 @@ def check(framework: Framework, probe: ModuleType, size: int, tolerance: float, 
     seen, window = grown[index], peaks[index] - before[index]
     lines = [
         f"{framework.name}: allocated {size / GiB:.3f} GiB on its GPU 0",
-        f"NVML GPU {index} ({devices[index].name}): this process {before[index] / GiB:.3f} -> {during[index] / GiB:.3f} GiB "
-        f"(+{seen / GiB:.3f} GiB); window peak +{window / GiB:.3f} GiB; device used {devices[index].used / GiB:.3f} "
-        f"of {devices[index].total / GiB:.3f} GiB",
+        f"NVML GPU {index} ({devices[index].name}): "
+        f"this process {before[index] / GiB:.3f} -> {during[index] / GiB:.3f} GiB (+{seen / GiB:.3f} GiB); "
+        f"window peak +{window / GiB:.3f} GiB; "
+        f"device used {devices[index].used / GiB:.3f} of {devices[index].total / GiB:.3f} GiB",
     ]
     problems = [source.problem for source in sources if source.problem]
     lines += [f"NVML: {problem}" for problem in problems]
     ok = all(abs(value - size) <= tolerance * size for value in (seen, window))
     if max(during) == 0:
         lines.append("NVML does not list this process on any GPU (another pid namespace, e.g. a container?)")
-    lines.append(f"OK: within {tolerance:.0%} of the allocation" if ok else f"FAILED: not within {tolerance:.0%} of the allocation")
+    within = f"within {tolerance:.0%} of the allocation"
+    lines.append(f"OK: {within}" if ok else f"FAILED: not {within}")
     return ok, lines
 
 

@@ -16,9 +16,9 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 if str(REPOSITORY) not in sys.path:  # benchmarks/ sits beside the package, it is not installed
     sys.path.insert(0, str(REPOSITORY))
 
-from benchmarks import tables
-from benchmarks.contenders import LEAK_MEMRAY, LEAK_TFMEM_TIGHT
-from benchmarks.runner import Job, JobResult
+from benchmarks import tables  # noqa: E402
+from benchmarks.contenders import LEAK_MEMRAY, LEAK_TFMEM_TIGHT  # noqa: E402
+from benchmarks.runner import Job, JobResult  # noqa: E402
 
 
 def run_benchmarks(*arguments: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -63,7 +63,7 @@ def test_a_container_sees_its_cgroup_as_the_root(tmp_path: Path):
 
 def test_this_machines_limit_is_readable():
     limit = system.applicable_memory_limit()
-    assert 0 < limit.bytes
+    assert limit.bytes > 0
     assert 0 < system.available_memory() <= limit.bytes
 
 

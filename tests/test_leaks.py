@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import records_from_inline
+
 from pytest_tfmem import LeakDetected, LeakReport, leak_check
 from pytest_tfmem.leaks import theil_sen_slope
 

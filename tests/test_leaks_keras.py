@@ -17,8 +17,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-
 from conftest import records_from_junit
+
 from pytest_tfmem.records import TestRecord
 
 LOOPS = """
