@@ -26,6 +26,10 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``pyte
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import machine, tables
+
+# TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
+# (AMD EPYC): on, every machine measures the same TensorFlow, with the pool that hides memory.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 from benchmarks.contenders import (
     ISOLATION_CONTENDERS,
     LEAK_CONTENDERS,

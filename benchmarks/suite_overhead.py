@@ -39,6 +39,10 @@ if __package__ in (None, ""):  # run as a script: make ``pytest_tfmem`` importab
 
 from pytest_tfmem.atomic import write_text_atomic
 
+# TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
+# (AMD EPYC): on, every machine measures the same TensorFlow, with the pool that hides memory.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
 KERAS_MODULE = '''
 import numpy as np
 import pytest
