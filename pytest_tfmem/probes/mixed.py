@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from . import host
 from .tf import TFAllocator
 
-DEFAULT_INTERVAL_S = 0.001
+DEFAULT_INTERVAL_S = 0.01
 
 
 @dataclass(frozen=True)
