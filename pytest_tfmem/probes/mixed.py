@@ -48,7 +48,6 @@ class MixedSampler:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._start_host = self._start_in_use = self._start_pool = 0
-        self._pool = 0
         self._peak = 0
         self._samples = 0
 
@@ -57,9 +56,9 @@ class MixedSampler:
             if not self._armed.is_set():
                 return
             rss = host.resident_bytes()
-            in_use = self.allocator.current()
-            self._pool = max(self._pool, in_use)
-            need = (rss - self._pool) - (self._start_host - self._start_pool) + (in_use - self._start_in_use)
+            in_use = self.allocator.current()  # also raises the allocator's pool estimate
+            pool = self.allocator.pool_estimate
+            need = (rss - pool) - (self._start_host - self._start_pool) + (in_use - self._start_in_use)
             self._peak = max(self._peak, need)
             self._samples += 1
 
@@ -76,7 +75,7 @@ class MixedSampler:
         """Start a window from the levels now (after the exact views were reset)."""
         with self._lock:
             self._start_in_use = self.allocator.current()
-            self._start_pool = self._pool = self.allocator.pool_estimate
+            self._start_pool = self.allocator.pool_estimate
             self._start_host = host.resident_bytes()
             self._peak = 0
             self._samples = 0
@@ -90,7 +89,7 @@ class MixedSampler:
         self._sample()
         self.allocator.peak()  # the window's highest level in use counts towards the pool
         with self._lock:
-            growth = max(self._pool, self.allocator.pool_estimate) - self._start_pool
+            growth = self.allocator.pool_estimate - self._start_pool
             return MixedReading(max(0, self._peak), growth, self.interval_s, self._samples)
 
     def disarm(self) -> MixedReading:
