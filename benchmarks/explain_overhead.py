@@ -107,7 +107,7 @@ def hook_time_per_test(directory: Path) -> float:
 
 def per_line_cost(lines: int = 2000) -> float:
     """Seconds the tracer adds per executed line of a traced function."""
-    from pytest_tfmem.explain_lines import LineTracer, function_code, line_trackers
+    from pytest_tfmem.explain.lines import LineTracer, function_code, line_trackers
 
     def loop() -> None:
         for number in range(lines):

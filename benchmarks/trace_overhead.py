@@ -6,7 +6,7 @@ Runs workloads as real ``pytest`` processes and prints, per setting, the median 
 of the summed per-test time (set-up, call and teardown), both as wall-clock time and as the
 process's CPU time (all threads; unlike wall time, it does not grow when other processes
 compete for the CPU): small passing Keras fits with the trace feature absent
-(``-p no:pytest_tfmem.trace``), ``off``, ``on-failure`` (the default once TensorFlow is
+(``-p no:pytest_tfmem.trace.plugin``), ``off``, ``on-failure`` (the default once TensorFlow is
 loaded) and, for reference, ``always``, each with its ratio to "absent"; then one failing
 Keras test with tracing off and on-failure (what its trace costs: the re-run under the
 profiler and writing the directory). The settings alternate within each repeat, so drift
@@ -74,7 +74,7 @@ def test_hooks_of_a_passing_test(request):
 """
 
 SETTINGS = {
-    "absent": ["-p", "no:pytest_tfmem.trace"],
+    "absent": ["-p", "no:pytest_tfmem.trace.plugin"],
     "off": ["--tfmem-trace=off"],
     "on-failure": ["--tfmem-trace=on-failure"],
     "always": ["--tfmem-trace=always"],
@@ -101,7 +101,7 @@ def test_times(directory: Path, arguments: list[str]) -> tuple[float, float]:
     """Run pytest on ``directory``; its tests' summed wall and CPU seconds."""
     times = directory / "times.jsonl"
     times.unlink(missing_ok=True)
-    if "no:pytest_tfmem.trace" not in arguments:
+    if "no:pytest_tfmem.trace.plugin" not in arguments:
         arguments = [f"--tfmem-trace-dir={directory / 'traces'}", *arguments]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments, str(directory)]
     environment = {**os.environ, "TFMEM_TRACE_BENCH_TIMES": str(times)}

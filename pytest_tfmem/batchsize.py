@@ -23,9 +23,9 @@ from typing import Any
 
 import psutil
 
-from .measure import Measurement, Monitor
-from .probes import host, tf as tf_probe
-from .units import format_size, parse_size
+from pytest_tfmem.core.measure import Measurement, Monitor
+from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.units import format_size, parse_size
 
 # Exception class names that mean "this batch did not fit" rather than "the step is broken".
 _OUT_OF_MEMORY = {"MemoryError", "ResourceExhaustedError", "OutOfMemoryError"}

@@ -39,6 +39,18 @@ class DeviceOutOfMemory(TfmemFailure):
     tf_error: BaseException | None = None
 
 
+class IsolatedTestDied(TfmemFailure):
+    """The isolated test's process ended before it could report the test."""
+
+
+class KilledAtLimit(IsolatedTestDied):
+    """tfmem's watchdog killed the isolated test at its ``kill_at`` limit."""
+
+
+class KilledBySignal(IsolatedTestDied):
+    """The isolated test's process died of a signal tfmem did not send (OOM killer, crash)."""
+
+
 # The exception each check's failed verdict raises; feature modules register theirs.
 FAILURE_BY_CHECK: dict[str, type[TfmemFailure]] = {"budget": BudgetExceeded}
 

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from .checks import Verdict
-    from .records import TestRecord
-    from .rerun import Rerun
+    from pytest_tfmem.core.record import TestRecord
+    from pytest_tfmem.core.rerun import Rerun
+    from pytest_tfmem.core.verdict import Verdict
 
 
 @pytest.hookspec

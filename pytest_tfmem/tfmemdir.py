@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .atomic import create_text_atomic
+from pytest_tfmem.atomic import create_text_atomic
 
 DIRECTORY = ".tfmem"
 GITIGNORE = "# Created by pytest-tfmem automatically.\n*\n"

@@ -18,8 +18,8 @@ from types import ModuleType
 
 import pytest
 
-from pytest_tfmem.records import TestRecord, record_from_report
-from pytest_tfmem.report import render_table
+from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.units import format_size
 
 from . import scale

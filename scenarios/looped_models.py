@@ -2,7 +2,7 @@
 
 Hyperparameter searches and cross-validation build model after model in one process. Each
 function here is one iteration of such a loop (build, compile, fit a small model); run it
-repeatedly, e.g. with ``pytest_tfmem.leaks.leak_check``. On TensorFlow 2.21 ``fit`` traces new
+repeatedly, e.g. with ``pytest_tfmem.leaks.check.leak_check``. On TensorFlow 2.21 ``fit`` traces new
 functions into the eager context's function library for every new model, and
 ``clear_session()`` does not empty it: the classic advice (``clear_session`` + ``del`` +
 ``gc.collect()``) still grows. It frees the Python objects, yet the fitted model's weights and

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_tfmem import LeakDetected
-from pytest_tfmem.leaks import LeakReport, raise_if_leaked
+from pytest_tfmem.leaks.check import LeakReport, raise_if_leaked
 
 from . import looped_models
 

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
 
-from pytest_tfmem.records import PROPERTY, TestRecord, record_from_report
+from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
 
 # TensorFlow keeps CPU allocator statistics (the ``tf:CPU:0`` view) only with oneDNN on, its
 # default on some x86 CPUs and not on others (AMD EPYC): on, the tests see the same TensorFlow

@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from pytest_tfmem.explain_lines import (
+from pytest_tfmem.core.measure import Monitor, PeakTracker
+from pytest_tfmem.explain.lines import (
     FunctionLines,
     LineRow,
     LineTracer,
@@ -17,7 +18,6 @@ from pytest_tfmem.explain_lines import (
     render_lines,
     resolve_function,
 )
-from pytest_tfmem.measure import Monitor, PeakTracker
 
 MB = 10**6
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.explain_tf import UNATTRIBUTED, peak_allocations, render_ops
+from pytest_tfmem.explain.tf_ops import UNATTRIBUTED, peak_allocations, render_ops
 
 MIB = 2**20
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from gates_helpers import suite_source
 
-from pytest_tfmem.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION
+from pytest_tfmem.cli.main import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def gate_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tfmem(folder: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest_tfmem.cli", *args], cwd=folder, capture_output=True, text=True, check=False
+        [sys.executable, "-m", "pytest_tfmem.cli.main", *args], cwd=folder, capture_output=True, text=True, check=False
     )
 
 

@@ -20,7 +20,7 @@ from gates_helpers import (
     write_suite,
 )
 
-from pytest_tfmem.baseline import load_baseline
+from pytest_tfmem.gates.baseline import load_baseline
 
 SUITE = {"grow": 80, "steady": 60, "other": 40}
 NODEIDS = {f"test_suite.py::test_{name}" for name in [*SUITE, "over_budget"]}

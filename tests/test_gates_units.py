@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 
 from pytest_tfmem.atomic import write_text_atomic
-from pytest_tfmem.baseline import (
+from pytest_tfmem.core.measure import Measurement, ViewReading
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.gates.baseline import (
     Baseline,
     BaselineEntry,
     BaselineError,
     load_baseline,
     save_baseline,
 )
-from pytest_tfmem.compare import (
+from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
     REGRESSION,
@@ -25,10 +27,8 @@ from pytest_tfmem.compare import (
     baseline_verdict,
     compare,
 )
-from pytest_tfmem.leaks import leak_check
-from pytest_tfmem.measure import Measurement, ViewReading
-from pytest_tfmem.records import TestRecord
-from pytest_tfmem.tolerance import Tolerance, parse_tolerance
+from pytest_tfmem.gates.tolerance import Tolerance, parse_tolerance
+from pytest_tfmem.leaks.check import leak_check
 
 MIB = 2**20
 
@@ -183,7 +183,7 @@ def test_tolerance_prints_as_written():
 def test_environment_names_the_gpus_through_nvml(monkeypatch):
     from fake_nvml import FakeGpu, FakeNvml
 
-    from pytest_tfmem.environment import current_environment, environment_differences
+    from pytest_tfmem.gates.environment import current_environment, environment_differences
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu("Fake H100", 80 * 2**30)]))
     with_gpu = current_environment()

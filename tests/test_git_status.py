@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem import tfmemdir, tracedirs
+from pytest_tfmem import tfmemdir
 from pytest_tfmem.atomic import create_text_atomic
+from pytest_tfmem.trace import dirs as tracedirs
 
 
 def git(folder: Path, *args: str) -> str:

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_tfmem.gpu import (
+from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.gpu.plugin import (
     GROWTH_VARIABLE,
     apply_gpu_limit,
     check_gpu_budget,
@@ -22,9 +24,7 @@ from pytest_tfmem.gpu import (
     held_to_gpu_budgets,
     summary_notes,
 )
-from pytest_tfmem.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.probes.tf import allocator_sources
-from pytest_tfmem.records import TestRecord
 
 GiB = 2**30
 MiB = 2**20

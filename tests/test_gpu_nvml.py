@@ -15,7 +15,7 @@ import pytest
 from conftest import records_from_junit
 from fake_nvml import FakeGpu, FakeNvml, NVMLError_DriverNotLoaded, NVMLError_GpuIsLost
 
-from pytest_tfmem.measure import PeakTracker
+from pytest_tfmem.core.measure import PeakTracker
 from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
 
 GiB = 2**30

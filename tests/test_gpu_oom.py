@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_tfmem.measure import Measurement, ViewReading
-from pytest_tfmem.oom import describe_oom, parse_oom, record_section
+from pytest_tfmem.core.measure import Measurement, ViewReading
+from pytest_tfmem.core.oom import describe_oom, parse_oom, record_section
 
 MiB = 2**20
 EAGER_CPU = (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.gpu import GROWTH_VARIABLE
+from pytest_tfmem.gpu.plugin import GROWTH_VARIABLE
 
 CONFTEST = """
 import json

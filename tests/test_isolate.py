@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from pytest_tfmem import tracedirs
+from pytest_tfmem.trace import dirs as tracedirs
 from pytest_tfmem.units import parse_size
 
 KILL_AT_TESTS = """

@@ -51,7 +51,7 @@ def _wait_for_reading(journal: Path, nodeid: str, growth: int, timeout_s: float 
 
 def _tfmem_last(cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest_tfmem.cli", "last"], check=False, cwd=cwd, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "pytest_tfmem.cli.main", "last"], check=False, cwd=cwd, capture_output=True, text=True, timeout=60
     )
 
 

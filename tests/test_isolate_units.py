@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.journal_reader import (
+from pytest_tfmem.isolate.watchdog import downsample
+from pytest_tfmem.journal.reader import (
     EXIT_DID_NOT_FINISH,
     EXIT_NO_RESULTS,
     describe_last,
 )
 from pytest_tfmem.probes import system
-from pytest_tfmem.watchdog import downsample
 
 
 def _cgroup_v2(root: Path, path: str, files: dict[str, str]) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import records_from_junit
 
-from pytest_tfmem.records import TestRecord
+from pytest_tfmem.core.record import TestRecord
 
 LOOPS = """
 import numpy as np

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from pytest_tfmem.measure import Measurement, PeakTracker, ViewReading
+from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.mixed import MixedSampler
 

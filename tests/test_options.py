@@ -10,8 +10,8 @@ import pkgutil
 import pytest
 
 import pytest_tfmem
-from pytest_tfmem import settings
-from pytest_tfmem.gpu import GROWTH_VARIABLE
+from pytest_tfmem.core import settings
+from pytest_tfmem.gpu.plugin import GROWTH_VARIABLE
 
 
 def declared_options() -> dict[str, settings.Option]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pytest_tfmem import tracedirs
+from pytest_tfmem.trace import dirs as tracedirs
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import tensorboard.plugins.scalar.metadata
 import tensorboard.summary.writer.record_writer  # noqa: F401  # (same reason, both)
 from trace_helpers import TracedRun, read_scalars, run_pytest
 
-from pytest_tfmem import tracedirs
+from pytest_tfmem.trace import dirs as tracedirs
 
 NUMPY_TESTS = """
 import time

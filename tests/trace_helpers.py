@@ -14,7 +14,7 @@ from typing import Any
 from tensorboard.compat.proto import event_pb2
 from tensorboard.util import tensor_util
 
-from pytest_tfmem import tracedirs
+from pytest_tfmem.trace import dirs as tracedirs
 
 
 @dataclass

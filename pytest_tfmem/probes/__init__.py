@@ -1,1 +1,3 @@
-"""Sources of memory readings. Probes know nothing about pytest."""
+"""Sources of memory readings: the process (RSS, high-water mark), TensorFlow's allocators, NVML,
+the memory limit that applies, and the young-generation garbage collector. Probes know nothing
+about pytest."""

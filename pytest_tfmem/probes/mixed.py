@@ -22,8 +22,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import host
-from .tf import TFAllocator
+from pytest_tfmem.probes import host
+from pytest_tfmem.probes.tf import TFAllocator
 
 DEFAULT_INTERVAL_S = 0.01
 

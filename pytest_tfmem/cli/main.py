@@ -1,0 +1,290 @@
+"""The ``tfmem`` command: read pytest-tfmem reports and baselines without running pytest.
+
+    tfmem compare BASELINE REPORT [--tolerance 10%+16MB] [--markdown] [--all]
+    tfmem show REPORT [--top N]
+    tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N]
+    tfmem last [RESULTS] [--all]
+
+Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the session
+``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
+bad option value).
+
+Each subcommand is one ``add_*`` function that declares its parser and sets ``run``;
+adding one is adding a function to ``SUBCOMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pytest_tfmem.core.summary import render_table, summary_rows
+from pytest_tfmem.gates.baseline import BaselineError, load_baseline
+from pytest_tfmem.gates.compare import (
+    IMPROVEMENT,
+    NEW,
+    REGRESSION,
+    WITHIN,
+    Comparison,
+    compare,
+    comparisons_from_record,
+)
+from pytest_tfmem.gates.environment import environment_differences
+from pytest_tfmem.gates.reports import (
+    ReportError,
+    SessionReport,
+    comparison_markdown,
+    comparison_rows,
+    counts_sentence,
+    load_report,
+    sort_comparisons,
+    summary_counts,
+)
+from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+EXIT_BAD_INPUT = 2
+
+
+class CliError(Exception):
+    """Bad input the user can fix; printed without a traceback, exit code 2."""
+
+
+def _option_type(parse: Callable[[object, str], Any], what: str) -> Callable[[str], Any]:
+    """An argparse ``type`` from one of the plugin's parsers, so both accept the same forms."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text, what)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= 1")
+    return int(text)
+
+
+# compare
+
+
+def add_compare(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare a report with a baseline; exit code 1 on a regression",
+        description="Compare each test's peak in REPORT (pytest --tfmem-report) with its entry in BASELINE "
+        "(pytest --tfmem-save-baseline). Exit code 0: nothing grew beyond tolerance; 1: a regression; "
+        "2: bad input.",
+    )
+    parser.add_argument("baseline", metavar="BASELINE", help="baseline file (pytest --tfmem-save-baseline=PATH)")
+    parser.add_argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
+    parser.add_argument(
+        "--tolerance",
+        type=_option_type(parse_tolerance, "--tolerance value"),
+        help=f"{TOLERANCE_FORMS}; default: each test's marker tolerance, else the report's, else "
+        f"{DEFAULT_TOLERANCE}".replace("%", "%%"),  # argparse %-formats help
+    )
+    parser.add_argument("--markdown", action="store_true", help="print Markdown (for a pull-request comment)")
+    parser.add_argument("--all", action="store_true", help="list every test, not only those beyond tolerance or new")
+    parser.set_defaults(run=run_compare)
+
+
+def _tolerance_for(record_extra: dict[str, Any], report: SessionReport, chosen: Tolerance | None) -> Tolerance:
+    if chosen is not None:
+        return chosen
+    text = record_extra.get("tolerance") or (report.baseline or {}).get("tolerance") or DEFAULT_TOLERANCE
+    try:
+        return parse_tolerance(text)
+    except ValueError as error:
+        raise CliError(f"the report holds a bad tolerance: {error}") from None
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    baseline = _load(load_baseline, args.baseline)
+    report = _load(load_report, args.report)
+    comparisons: list[Comparison] = []
+    for record in report.tests:
+        if record.measurement is not None:
+            tolerance = _tolerance_for(record.extra, report, args.tolerance)
+            comparisons += compare(record.nodeid, record.measurement, baseline.tests.get(record.nodeid), tolerance)
+    notes = []
+    differences = environment_differences(baseline.environment, report.environment, current_label="in the report")
+    if differences:
+        notes.append("the baseline was recorded in a different environment: " + "; ".join(differences))
+    missing = sorted(set(baseline.tests) - {record.nodeid for record in report.tests})
+    if missing:
+        more = " ..." if len(missing) > 5 else ""
+        notes.append(f"{len(missing)} baseline test(s) not in the report: {', '.join(missing[:5])}{more}")
+    shown = sort_comparisons(comparisons if args.all else [c for c in comparisons if c.status != WITHIN])
+    if args.markdown:
+        title = "pytest-tfmem: memory compared with the baseline"
+        print(comparison_markdown(comparisons, title=title, notes=notes), end="")
+    else:
+        for note in notes:
+            print(f"tfmem: warning: {note}", file=sys.stderr)
+        if shown:
+            print("\n".join(render_table(comparison_rows(shown))))
+        statuses = [c.status for c in comparisons]
+        print(
+            f"{statuses.count(REGRESSION)} regression(s), "
+            f"{statuses.count(IMPROVEMENT)} improvement(s) beyond tolerance, "
+            f"{statuses.count(WITHIN)} within tolerance, {statuses.count(NEW)} not in the baseline"
+        )
+    return EXIT_REGRESSION if REGRESSION in {c.status for c in comparisons} else EXIT_OK
+
+
+# show
+
+
+def add_show(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "show", help="print a report as a table", description="Print the tests of a JSON report, heaviest first."
+    )
+    parser.add_argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
+    parser.add_argument("--top", type=_positive_int, help="show only the N heaviest tests")
+    parser.set_defaults(run=run_show)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    report = _load(load_report, args.report)
+    environment = ", ".join(
+        f"{key} {value}" for key, value in sorted(report.environment.items()) if value not in (None, [])
+    )
+    print(f"report {args.report}: created {report.created or '?'}, pytest exit status {report.exitstatus}")
+    if environment:
+        print(f"environment: {environment}")
+    comparisons = [c for record in report.tests for c in comparisons_from_record(record)]
+    print(counts_sentence(summary_counts(report.tests), compared=bool(comparisons)))
+    if any(record.measurement is not None for record in report.tests):
+        print("\n".join(render_table(summary_rows(report.tests, args.top or len(report.tests)))))
+    moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
+    if moved:
+        print(f"beyond tolerance of the baseline {(report.baseline or {}).get('path', '')}:")
+        print("\n".join(render_table(comparison_rows(moved))))
+    return EXIT_OK
+
+
+# plot
+
+
+def add_plot(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plot",
+        help="draw a PNG bar chart of the peaks",
+        description="Draw the heaviest tests' peaks as a PNG bar chart, with each test's baseline and budget "
+        "marked. Needs matplotlib.",
+    )
+    parser.add_argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
+    parser.add_argument("-o", "--output", required=True, metavar="PNG", help="where to write the chart")
+    parser.add_argument(
+        "--baseline", metavar="BASELINE", help="baseline file to mark (default: what the report was compared with)"
+    )
+    parser.add_argument("--top", type=_positive_int, default=30, help="the N heaviest tests (default 30)")
+    parser.set_defaults(run=run_plot)
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+
+        from pytest_tfmem.cli.plot import plot_peaks
+    except ImportError:
+        raise CliError("tfmem plot needs matplotlib: pip install matplotlib") from None
+    report = _load(load_report, args.report)
+    comparisons = [c for record in report.tests for c in comparisons_from_record(record)]
+    if args.baseline:
+        baseline = _load(load_baseline, args.baseline)
+        baseline_peaks = {nodeid: entry.peak for nodeid, entry in baseline.tests.items()}
+    else:
+        baseline_peaks = {c.nodeid: c.baseline for c in comparisons if c.quantity == "peak" and c.baseline is not None}
+    regressed = {c.nodeid for c in comparisons if c.status == REGRESSION}
+    try:
+        drawn = plot_peaks(report.tests, args.output, baseline_peaks=baseline_peaks, regressed=regressed, top=args.top)
+    except OSError as error:
+        raise CliError(f"cannot write {args.output!r}: {error.strerror or error}") from None
+    print(f"{args.output}: {drawn} test(s) drawn")
+    return EXIT_OK
+
+
+# last
+
+
+def add_last(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "last",
+        help="what the last pytest session did, even if it was killed",
+        description="Read the results journal pytest-tfmem writes while tests run: the test that was "
+        "running when the session stopped, with its last memory reading, and the tests that had "
+        "finished. Exit code 0: the session finished; 1: it did not (killed, crashed or still running); "
+        "2: no results.",
+    )
+    parser.add_argument(
+        "results",
+        nargs="?",
+        metavar="RESULTS",
+        help="the journal (default: .tfmem/results.jsonl here or in the nearest parent directory)",
+    )
+    parser.add_argument("--all", action="store_true", help="list every finished test, not only the last 20")
+    parser.set_defaults(run=run_last)
+
+
+def run_last(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pytest_tfmem.journal.reader import describe_last, find_results
+
+    path = Path(args.results) if args.results else find_results()
+    if path is None:
+        raise CliError("no .tfmem/results.jsonl here or in a parent directory; give the journal's path")
+    text, code = describe_last(path, show_all=args.all)
+    print(text, file=sys.stdout if code != EXIT_BAD_INPUT else sys.stderr)
+    return code
+
+
+# the command
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_compare, add_show, add_plot, add_last]
+
+
+def _load(load: Callable[[str], Any], path: str) -> Any:
+    try:
+        return load(path)
+    except (BaselineError, ReportError) as error:
+        raise CliError(str(error)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfmem",
+        description="Read pytest-tfmem reports and baselines: compare them (a CI gate without pytest), "
+        "show them, plot them.",
+        epilog="exit codes: 0 fine, 1 regression beyond tolerance (compare), 2 bad input",
+    )
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return args.run(args)
+    except CliError as error:
+        print(f"tfmem: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""A PNG bar chart of each test's peak memory, with its baseline and budget marked (matplotlib)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pytest_tfmem.core.record import TestRecord
+
+MIB = 2**20
+_REGRESSED, _PASSED, _FAILED = "#d62728", "#1f77b4", "#ff7f0e"
+
+
+def plot_peaks(
+    records: Sequence[TestRecord],
+    path: str | Path,
+    *,
+    baseline_peaks: Mapping[str, int] | None = None,
+    regressed: set[str] = frozenset(),  # type: ignore[assignment]
+    top: int = 30,
+    title: str = "Peak memory per test",
+) -> int:
+    """Draw the ``top`` heaviest measured tests as horizontal bars; return how many were drawn.
+
+    Bars are red for tests beyond tolerance of their baseline, orange for other failed
+    tests; a black tick marks a test's baseline peak, a dashed grey tick its budget.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    baseline_peaks = baseline_peaks or {}
+    measured = sorted(
+        (r for r in records if r.measurement is not None), key=lambda r: r.measurement.peak, reverse=True  # type: ignore[union-attr]
+    )[:top]
+    measured.reverse()  # heaviest at the top of the chart
+    figure = Figure(figsize=(10, 2 + 0.4 * max(len(measured), 1)), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    positions = range(len(measured))
+    colours = [
+        _REGRESSED if r.nodeid in regressed else (_FAILED if r.outcome == "failed" else _PASSED) for r in measured
+    ]
+    axes.barh(positions, [r.measurement.peak / MIB for r in measured], color=colours)  # type: ignore[union-attr]
+    for position, record in zip(positions, measured):
+        if record.nodeid in baseline_peaks:
+            axes.plot([baseline_peaks[record.nodeid] / MIB] * 2, [position - 0.4, position + 0.4], color="black", lw=2)
+        if record.budget is not None:
+            axes.plot([record.budget / MIB] * 2, [position - 0.4, position + 0.4], color="grey", lw=2, ls="--")
+    axes.set_yticks(list(positions), [_short(r.nodeid) for r in measured], fontsize=8)
+    axes.set_xlabel("peak memory need (MiB)")
+    axes.set_title(title)
+    figure.legend(
+        handles=[
+            Patch(color=_PASSED, label="peak"),
+            Patch(color=_REGRESSED, label="beyond tolerance of baseline"),
+            Patch(color=_FAILED, label="failed"),
+            Line2D([], [], color="black", lw=2, label="baseline"),
+            Line2D([], [], color="grey", lw=2, ls="--", label="budget"),
+        ],
+        loc="outside lower center",
+        ncols=5,
+        fontsize=8,
+    )
+    figure.savefig(path, format="png")
+    return len(measured)
+
+
+def _short(nodeid: str, width: int = 60) -> str:
+    return nodeid if len(nodeid) <= width else "..." + nodeid[-(width - 3):]

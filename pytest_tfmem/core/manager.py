@@ -1,0 +1,232 @@
+"""The core plugin: options, the ``tfmem`` marker and fixture, and the manager that measures
+each test, applies the checks and writes the summary. Thin glue: no arithmetic here.
+
+Inert unless a tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
+fixture.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Generator
+
+import pytest
+
+from pytest_tfmem import hookspecs
+from pytest_tfmem.core import settings
+from pytest_tfmem.core.fixture import TfmemFixture
+from pytest_tfmem.core.measure import Measurement, Monitor
+from pytest_tfmem.core.record import TestRecord, record_from_report, republish
+from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
+from pytest_tfmem.core.summary import render_table, summary_rows
+from pytest_tfmem.core.verdict import Verdict, check_budget
+from pytest_tfmem.errors import failure_for
+from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes.garbage import Collector
+
+MONITOR = pytest.StashKey[Monitor]()
+RECORD = pytest.StashKey[TestRecord]()
+ARGUMENTS = pytest.StashKey[dict]()
+PLUGIN_NAME = "tfmem-manager"
+# On a call report whose test should have been measured but was not: why (the summary lists them).
+NOT_MEASURED = "tfmem_not_measured"
+# Markers besides ``tfmem`` that make a test measured; feature modules add theirs.
+MEASURING_MARKERS = {settings.MARKER}
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, settings.CORE_OPTIONS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "tfmem(budget=None, ...): memory policy for this test; budget='512MB' overrides "
+        "--tfmem-budget, budget=None exempts the test (pytest-tfmem)",
+    )
+    config.pluginmanager.register(TfmemManager(config), PLUGIN_NAME)
+
+
+@pytest.fixture
+def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
+    """Measure blocks (``with tfmem.measure() as m``), read ``peak()``/``current()``, ``clean()``."""
+    item = request.node
+    return TfmemFixture(lambda: item.stash.get(MONITOR, None))
+
+
+def manager(config: pytest.Config) -> TfmemManager:
+    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    assert isinstance(plugin, TfmemManager)
+    return plugin
+
+
+class TfmemManager:
+    """Measures tests, applies checks, gathers records (also from xdist workers), summarises."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.settings = settings.CoreSettings.from_config(config)
+        self.records: list[TestRecord] = []
+        self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
+        # A tfmem option was given (budget, baseline, report, GPU budget...): measure every test
+        self.measure_every_test = self.settings.any_set
+        self._tensorflow_prepared = False
+        self.collector = Collector(host.current_rss)
+
+    def is_measured(self, item: pytest.Item) -> bool:
+        return (
+            self.measure_every_test
+            or any(item.get_closest_marker(name) for name in MEASURING_MARKERS)
+            or "tfmem" in getattr(item, "fixturenames", ())
+        )
+
+    def budget_for(self, item: pytest.Item) -> int | None:
+        arguments = item.stash.get(ARGUMENTS, {})
+        return arguments.get("budget", self.settings.budget)
+
+    def prepare_tensorflow(self) -> None:
+        """Once TF is loaded: let features configure devices, then start its runtime."""
+        if self._tensorflow_prepared:
+            return
+        tf = tf_probe.loaded_tensorflow()
+        if tf is None:
+            return
+        self._tensorflow_prepared = True
+        self.config.hook.pytest_tfmem_configure_tensorflow(
+            config=self.config, tf=tf, runtime_started=tf_probe.runtime_started()
+        )
+        if self.settings.tf_warmup:
+            tf_probe.start_runtime(tf)
+
+    def finish(self, item: pytest.Item, measurement: Measurement, error: BaseException | None) -> TestRecord:
+        """Apply the checks to a measurement and attach the record to the item's report."""
+        record = TestRecord(item.nodeid, measurement, budget=self.budget_for(item))
+        verdicts: list[Verdict | None] = [check_budget(measurement, record.budget)]
+        verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record, error=error)
+        record.verdicts = [v for v in verdicts if v is not None]
+        item.stash[RECORD] = record
+        # On the item, so the call and teardown reports both carry it (JUnit XML reads teardown's)
+        item.user_properties.extend(record.user_properties())
+        return record
+
+    def fail_if_needed(self, record: TestRecord) -> None:
+        failed = record.failed_verdicts
+        if failed:
+            raise failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
+
+    @pytest.hookimpl
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            item.stash[ARGUMENTS] = settings.marker_arguments(item)
+
+    # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
+    # leak marker's wrapper (trylast too, registered earlier) is inside this one.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """Measure the call phase of every kind of test: a function's body, a ``unittest.TestCase``
+        method with its ``setUp`` and ``tearDown``, a doctest (README, "Which phase is budgeted")."""
+        if not self.is_measured(item):
+            return (yield)
+        self.prepare_tensorflow()
+        monitor = Monitor(collect=self.collector.collect, sample_mixed=True)
+        item.stash[MONITOR] = monitor
+        monitor.start()
+        try:
+            yield
+        except BaseException as raised:
+            self._after_call(item, monitor, raised)
+            raise
+        record = self._after_call(item, monitor, _unittest_error(item))
+        self.fail_if_needed(record)
+
+    def _after_call(self, item: pytest.Item, monitor: Monitor, error: BaseException | None) -> TestRecord:
+        """Close the window, check the figures; after a memory failure, the one re-run."""
+        del item.stash[MONITOR]
+        record = self.finish(item, monitor.stop(), error)
+        interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception))
+        if record.failed_verdicts and not interrupted:
+            self.rerun_after_memory_failure(item, record)
+        return record
+
+    def rerun_after_memory_failure(self, item: pytest.Item, record: TestRecord) -> None:
+        """Run the body once more for every feature that asked (trace, explain), or say why not."""
+        wanted = tuple(label for label in self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record) if label)
+        if not wanted:
+            return
+        refusal = rerun_refusal(item, item.stash.get(ARGUMENTS, {}).get(RERUN_KEYWORD, True))
+        if refusal is not None:
+            record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
+        else:
+            try:
+                with separate_output(item):
+                    self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
+            except pytest.exit.Exception:
+                raise
+            except Exception as error:  # a re-run must never hide the test's own outcome
+                warnings.warn(
+                    pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
+                )
+        republish(item, record)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> None:
+        """Innermost: the body itself (its output is kept apart from the first run's)."""
+        assert isinstance(item, pytest.Function)  # rerun_refusal let only functions through
+        rerun.result = rerun_test_body(item, MONITOR)
+        rerun.output = read_output(item)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        record = item.stash.get(RECORD, None)
+        if call.when == "call" and record is not None:
+            report.sections.append(("tfmem", _section_text(record)))
+        elif call.when == "call" and self.is_measured(item) and not report.skipped:
+            # The call phase ran without passing through pytest_runtest_call (another plugin
+            # ran the test its own way): say so rather than leave the test silently unmeasured.
+            report.user_properties.append((NOT_MEASURED, "its call phase did not go through pytest_runtest_call"))
+        return report
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            record = record_from_report(report)
+            if record is not None:
+                self.records.append(record)
+            self.not_measured += [
+                (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
+            ]
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.records:
+            terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
+            for line in render_table(summary_rows(self.records, self.settings.top)):
+                terminalreporter.write_line(line)
+        if self.not_measured:
+            terminalreporter.write_line(f"tfmem: {len(self.not_measured)} test(s) not measured:", yellow=True)
+            for nodeid, why in self.not_measured:
+                terminalreporter.write_line(f"  {nodeid}: {why}")
+
+    def pytest_unconfigure(self) -> None:
+        if self.collector.full_collections:
+            self.collector.thaw()
+
+
+def _section_text(record: TestRecord) -> str:
+    assert record.measurement is not None
+    rows = render_table(summary_rows([record], 1))
+    return "\n".join([*rows, *record.measurement.notes, *record.notes])
+
+
+def _unittest_error(item: pytest.Item) -> BaseException | None:
+    """What a ``unittest.TestCase`` method raised: unittest catches it, pytest keeps it on the
+    item until the report is made (no public API for this)."""
+    excinfo = getattr(item, "_excinfo", None)
+    return excinfo[0].value if excinfo else None

@@ -1,0 +1,289 @@
+"""Measurement windows over every peak source: ``Monitor`` and the ``Measurement`` it returns.
+
+A window opens by returning freed memory to the OS and resetting each source's peak; it
+closes by reading each source's peak. Windows nest (the per-test window, the ``tfmem``
+fixture's ``measure()``, leak-check iterations): before any reset, the peak seen so far is
+folded into every open window, so an inner reset never hides an outer window's peak.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes.mixed import MixedReading, MixedSampler
+from pytest_tfmem.units import format_size
+
+
+class PeakSource(Protocol):
+    name: str
+
+    def current(self) -> int: ...
+
+    def peak(self) -> int: ...
+
+    def reset_peak(self) -> None: ...
+
+
+@dataclass(eq=False)  # windows are compared by identity
+class _Window:
+    start: int
+    peak: int
+
+
+class PeakTracker:
+    """Open and close nested peak windows on one source."""
+
+    def __init__(self, source: PeakSource) -> None:
+        self.source = source
+        self._open: list[_Window] = []
+
+    def _fold(self) -> None:
+        if self._open:
+            seen = self.source.peak()
+            for window in self._open:
+                window.peak = max(window.peak, seen)
+
+    def open(self) -> _Window:
+        self._fold()
+        self.source.reset_peak()
+        current = self.source.current()
+        window = _Window(start=current, peak=current)
+        self._open.append(window)
+        return window
+
+    def peek(self, window: _Window) -> ViewReading:
+        """The window's reading so far, leaving it open."""
+        self._fold()
+        return ViewReading(self.source.name, window.start, window.peak, self.source.current())
+
+    def close(self, window: _Window) -> ViewReading:
+        reading = self.peek(window)
+        self._open.remove(window)
+        return reading
+
+    def restart(self, window: _Window) -> ViewReading:
+        """Fold and reset: the window's reading so far, then the window starts over from the
+        current level. One fold and one reset, where ``close`` + ``open`` do two of each: the
+        line tracer restarts a window at every line."""
+        self._fold()
+        self.source.reset_peak()
+        current = self.source.current()
+        reading = ViewReading(self.source.name, window.start, max(window.peak, current), current)
+        window.start = window.peak = current
+        return reading
+
+
+@dataclass(frozen=True)
+class ViewReading:
+    """What one source saw in a window, in bytes: level at start, highest level, level at end."""
+
+    view: str
+    start: int
+    peak: int
+    end: int
+
+    @property
+    def increase(self) -> int:
+        """Peak above the starting level: the memory this window needed from this source."""
+        return max(0, self.peak - self.start)
+
+    @property
+    def net(self) -> int:
+        """Level at the end minus level at the start (what the window kept)."""
+        return self.end - self.start
+
+
+# How much the sampled mixed figure must exceed the exact views to be the headline.
+MIXED_MARGIN = 4 * 2**20
+MIXED_MARGIN_SHARE = 0.02
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Immutable record of one window: one ``ViewReading`` per source.
+
+    ``peak`` is the window's peak memory need: the larger of the host RSS increase and the
+    increase of TensorFlow's host (CPU) allocators. The two overlap (TF's CPU memory is
+    part of RSS), so they are not added; the allocator view carries the figure when TF
+    serves a test from memory it pooled earlier, which RSS cannot see.
+    """
+
+    views: tuple[ViewReading, ...]
+    duration_s: float
+    exact: bool = True
+    notes: tuple[str, ...] = ()
+    # Host memory outside TensorFlow's pool plus TF's CPU allocator, held at once: sampled
+    # (``probes.mixed``), ``None`` where not sampled.
+    mixed: int | None = None
+    mixed_interval_s: float | None = None
+
+    def view(self, name: str) -> ViewReading | None:
+        return next((v for v in self.views if v.view == name), None)
+
+    @property
+    def host(self) -> int:
+        reading = self.view("host")
+        return reading.increase if reading else 0
+
+    @property
+    def tf_host(self) -> int:
+        """Largest increase among TensorFlow's CPU allocators (0 when TF is not in use)."""
+        return max((v.increase for v in self.views if v.view.startswith("tf:CPU")), default=0)
+
+    @property
+    def gpu(self) -> int | None:
+        """Largest increase among TensorFlow's GPU allocators, ``None`` without a GPU view."""
+        gpus = [v.increase for v in self.views if v.view.startswith("tf:GPU")]
+        return max(gpus) if gpus else None
+
+    @property
+    def exact_peak(self) -> int:
+        """The larger exact view: host RSS or TF's CPU allocators (see the class docstring)."""
+        return max(self.host, self.tf_host)
+
+    @property
+    def peak(self) -> int:
+        """The exact views' figure, or the sampled mixed figure where that is clearly larger."""
+        return self.mixed if self.sampled and self.mixed is not None else self.exact_peak
+
+    @property
+    def sampled(self) -> bool:
+        """The headline rests on the sampled mixed figure: it exceeds the exact views by more
+        than RSS's own noise (a page here and there), so the test held host and TF memory at once."""
+        if self.mixed is None:
+            return False
+        return self.mixed > self.exact_peak + max(MIXED_MARGIN, int(MIXED_MARGIN_SHARE * self.exact_peak))
+
+    @property
+    def basis(self) -> str:
+        """What the headline rests on: ``exact`` (the kernel's high-water mark and TF's own
+        statistics), ``sampled mixed`` (host and TF memory held at once, ``probes.mixed``) or
+        ``sampled host`` (no high-water mark on this system)."""
+        if self.sampled:
+            return "sampled mixed"
+        return "exact" if self.exact else "sampled host"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["peak"] = self.peak
+        data["basis"] = self.basis
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        return cls(
+            views=tuple(ViewReading(**view) for view in data["views"]),
+            duration_s=data["duration_s"],
+            exact=data.get("exact", True),
+            notes=tuple(data.get("notes", ())),
+            mixed=data.get("mixed"),
+            mixed_interval_s=data.get("mixed_interval_s"),
+        )
+
+
+@dataclass
+class Probes:
+    """The process-wide trackers: host RSS always, TF allocators once TF is loaded."""
+
+    host: PeakTracker = field(default_factory=lambda: PeakTracker(host.HostRSS()))
+    tf_devices: list[PeakTracker] | None = None
+    _mixed: MixedSampler | None = None
+
+    def mixed_sampler(self) -> MixedSampler | None:
+        """The sampler of host and TF CPU memory held at once, where TF's CPU allocator keeps
+        statistics and the host peak is exact (a sampled host view says nothing more)."""
+        if self._mixed is None and getattr(self.host.source, "exact", True):
+            cpu = next((t.source for t in self.trackers() if t.source.name == "tf:CPU:0"), None)
+            if isinstance(cpu, tf_probe.TFAllocator):
+                self._mixed = MixedSampler(cpu)
+        return self._mixed
+
+    def trackers(self) -> list[PeakTracker]:
+        if self.tf_devices is None:
+            tf = tf_probe.loaded_tensorflow()
+            if tf is not None and tf_probe.runtime_started():
+                self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
+        return [self.host, *(self.tf_devices or []), *(t for provide in TRACKER_PROVIDERS for t in provide())]
+
+
+# More trackers for every window, from feature plugins (e.g. NVML's per-GPU views). A provider
+# returns the same trackers at every call, so nested windows fold correctly. Their views are
+# reported beside the others; ``Measurement.peak`` reads only host and ``tf:CPU`` views.
+TRACKER_PROVIDERS: list[Callable[[], list[PeakTracker]]] = []
+
+_probes: Probes | None = None
+
+
+def probes() -> Probes:
+    global _probes
+    if _probes is None:
+        _probes = Probes()
+    return _probes
+
+
+class Monitor:
+    """Measure a window: ``start()`` ... ``stop() -> Measurement``, or use as a context manager.
+
+    ``collect`` is how garbage is collected before the window opens (``gc.collect`` by default;
+    the per-test windows use ``garbage.Collector.collect``, which costs only the new objects).
+    """
+
+    def __init__(
+        self, *, release_first: bool = True, collect: Callable[[], object] = gc.collect, sample_mixed: bool = False
+    ) -> None:
+        self.release_first = release_first
+        self.collect = collect
+        self.sample_mixed = sample_mixed  # the per-test window: also sample host + TF memory held at once
+        self._mixed: MixedSampler | None = None
+        self.measurement: Measurement | None = None
+        self._windows: list[tuple[PeakTracker, _Window]] = []
+        self._t0 = 0.0
+
+    def start(self) -> Monitor:
+        if self.release_first:
+            host.release_freed_memory(self.collect)
+        self._windows = [(tracker, tracker.open()) for tracker in probes().trackers()]
+        self._mixed = probes().mixed_sampler() if self.sample_mixed else None
+        if self._mixed is not None:
+            self._mixed.arm()
+        self._t0 = time.perf_counter()
+        return self
+
+    def _measurement(self, readings: tuple[ViewReading, ...], mixed: MixedReading | None) -> Measurement:
+        exact = bool(getattr(probes().host.source, "exact", True))
+        notes = [] if exact else ["host peak sampled every 1 ms: the kernel high-water mark is unavailable"]
+        measurement = Measurement(
+            readings, time.perf_counter() - self._t0, exact, (),
+            mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
+        )
+        if measurement.sampled:
+            assert mixed is not None
+            notes.append(
+                f"host memory and TensorFlow tensors held at once: estimated from readings every "
+                f"{mixed.interval_s * 1000:g} ms of RSS and TF's CPU allocator, less TensorFlow's pool "
+                f"(the exact views alone: {format_size(measurement.host)} host RSS, "
+                f"{format_size(measurement.tf_host)} TF CPU allocator)"
+            )
+        return dataclasses.replace(measurement, notes=tuple(notes))
+
+    def snapshot(self) -> Measurement:
+        """The measurement so far, without ending the window."""
+        mixed = self._mixed.reading() if self._mixed is not None else None
+        return self._measurement(tuple(tracker.peek(window) for tracker, window in self._windows), mixed)
+
+    def stop(self) -> Measurement:
+        mixed = self._mixed.disarm() if self._mixed is not None else None
+        self.measurement = self._measurement(tuple(tracker.close(w) for tracker, w in self._windows), mixed)
+        return self.measurement
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

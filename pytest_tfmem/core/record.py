@@ -1,0 +1,90 @@
+"""One test's memory record, and how it travels on the test report.
+
+The record rides on ``report.user_properties`` as ``("tfmem", <JSON>)``, next to flat
+numeric properties (``tfmem_peak_bytes`` ...) that JUnit XML files show. Reports reach the
+controller under pytest-xdist unchanged, so the controller builds summaries and reports
+from reports alone, without files or shared state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.verdict import Verdict
+
+PROPERTY = "tfmem"
+
+
+@dataclass
+class TestRecord:
+    """What tfmem knows about one test: measurement, budget, verdicts, feature sections."""
+
+    __test__ = False  # not a pytest test class
+
+    nodeid: str
+    measurement: Measurement | None
+    budget: int | None = None
+    verdicts: list[Verdict] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # sections added by features
+    outcome: str | None = None  # filled in from the report
+    notes: list[str] = field(default_factory=list)  # shown under the test's tfmem section
+
+    @property
+    def failed_verdicts(self) -> list[Verdict]:
+        return [v for v in self.verdicts if not v.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "outcome": self.outcome,
+            "measurement": self.measurement.to_dict() if self.measurement else None,
+            "budget": self.budget,
+            "verdicts": [vars(v) for v in self.verdicts],
+            "extra": self.extra,
+            "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TestRecord:
+        measurement = data.get("measurement")
+        return cls(
+            nodeid=data["nodeid"],
+            measurement=Measurement.from_dict(measurement) if measurement else None,
+            budget=data.get("budget"),
+            verdicts=[Verdict(**v) for v in data.get("verdicts", [])],
+            extra=data.get("extra", {}),
+            outcome=data.get("outcome"),
+            notes=list(data.get("notes", [])),
+        )
+
+    def user_properties(self) -> list[tuple[str, object]]:
+        properties: list[tuple[str, object]] = [(PROPERTY, json.dumps(self.to_dict(), sort_keys=True))]
+        if self.measurement is not None:
+            properties.append(("tfmem_peak_bytes", self.measurement.peak))
+            for view in self.measurement.views:
+                name = view.view.replace(":", "_")
+                properties.append((f"tfmem_{name}_bytes", view.increase))
+        if self.budget is not None:
+            properties.append(("tfmem_budget_bytes", self.budget))
+        return properties
+
+
+def republish(item: pytest.Item, record: TestRecord) -> None:
+    """Refresh the record already attached to the item's properties after a change to it."""
+    fresh = record.user_properties()[0]
+    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+
+
+def record_from_report(report: pytest.TestReport) -> TestRecord | None:
+    """The record a report carries, with the report's outcome, or ``None``."""
+    for name, value in report.user_properties:
+        if name == PROPERTY and isinstance(value, str):
+            record = TestRecord.from_dict(json.loads(value))
+            record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+            return record
+    return None

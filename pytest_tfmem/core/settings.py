@@ -1,0 +1,166 @@
+"""Options, ini values and marker arguments: declared once, parsed and validated once.
+
+Every option exists as ``--tfmem-NAME`` on the command line and ``tfmem_NAME`` in the ini
+file (``pytest.ini``, ``pyproject.toml [tool.pytest.ini_options]``, ...); the command line
+wins. An on/off option (one parsed by ``parse_bool``) is turned on by ``--tfmem-NAME`` (a
+switch) or ``--tfmem-NAME=VALUE`` (an option that takes a value), and off by
+``--no-tfmem-NAME``; when both are given, the last one wins. Bad values raise
+``pytest.UsageError`` naming the value and the accepted forms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.units import SIZE_FORMS, parse_size
+
+MARKER = "tfmem"
+
+
+def parse_optional_size(value: object, what: str) -> int | None:
+    """A size, or ``None`` (meaning: no limit)."""
+    if value is None:
+        return None
+    return parse_size(value, what=what)
+
+
+def parse_bool(value: object, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"invalid {what} {value!r}: expected true/false (also 1/0, yes/no, on/off)")
+
+
+def parse_positive_int(value: object, what: str) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = -1
+    if isinstance(value, bool) or number < 1:
+        raise ValueError(f"invalid {what} {value!r}: expected a whole number >= 1")
+    return number
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting, available as ``--tfmem-NAME`` and ini ``tfmem_NAME``."""
+
+    name: str
+    help: str
+    parse: Callable[[object, str], Any]
+    default: Any = None
+    flag: bool = False  # a command-line switch without a value
+
+    @property
+    def cli(self) -> str:
+        return "--tfmem-" + self.name.replace("_", "-")
+
+    @property
+    def no_cli(self) -> str | None:
+        """``--no-tfmem-NAME`` for an on/off option: turns it off, also against the ini file."""
+        return "--no-" + self.cli[2:] if self.parse is parse_bool else None
+
+    @property
+    def ini(self) -> str:
+        return "tfmem_" + self.name
+
+
+def add_options(parser: pytest.Parser, options: list[Option]) -> None:
+    group = parser.getgroup("tfmem", "memory budgets for TensorFlow/Keras tests (pytest-tfmem)")
+    for option in options:
+        cli_help = f"{option.help} [ini: {option.ini}]".replace("%", "%%")  # argparse %-formats help
+        if option.flag:
+            group.addoption(option.cli, action="store_const", const=True, default=None, dest=option.ini,
+                            help=cli_help)
+        else:
+            group.addoption(option.cli, action="store", default=None, dest=option.ini, metavar="VALUE",
+                            help=cli_help)
+        if option.no_cli is not None:  # same dest: of --tfmem-NAME and --no-tfmem-NAME, the last wins
+            group.addoption(option.no_cli, action="store_const", const=False, default=None, dest=option.ini,
+                            help=f"turn {option.cli} off, whatever ini {option.ini} says")
+        parser.addini(option.ini, help=option.help, default=None)
+
+
+def read_option(config: pytest.Config, option: Option) -> tuple[Any, bool]:
+    """The option's parsed value (command line, else ini, else default) and whether it was set."""
+    raw = config.getoption(option.ini, default=None)  # False (--no-tfmem-NAME) is set, too
+    source = option.cli
+    if raw is None:
+        raw = config.getini(option.ini)
+        source = f"ini {option.ini}"
+    if raw is None or raw == "" or raw == []:
+        return option.default, False
+    if isinstance(raw, list):  # an ini line written without quotes may come back split
+        raw = " ".join(raw)
+    try:
+        return option.parse(raw, f"{source} value"), True
+    except ValueError as error:
+        raise pytest.UsageError(f"pytest-tfmem: {error}") from None
+
+
+BUDGET = Option("budget", f"peak memory budget for every test; {SIZE_FORMS}", parse_optional_size)
+TOP = Option("top", "rows in the terminal summary of the heaviest tests (default 10)", parse_positive_int, 10)
+TF_WARMUP = Option(
+    "tf_warmup",
+    "start TensorFlow's runtime before the first measured test, so its start-up memory is not "
+    "charged to whichever test runs first (default true)",
+    parse_bool,
+    True,
+)
+CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP]
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    budget: int | None
+    top: int
+    tf_warmup: bool
+    any_set: bool  # a tfmem option or ini value was given: measure every test
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> CoreSettings:
+        values = {option.name: read_option(config, option) for option in CORE_OPTIONS}
+        return cls(
+            budget=values["budget"][0],
+            top=values["top"][0],
+            tf_warmup=values["tf_warmup"][0],
+            any_set=values["budget"][1],
+        )
+
+
+# Marker keywords: name -> parser. Features register theirs at import time.
+MARKER_KEYWORDS: dict[str, Callable[[object, str], Any]] = {"budget": parse_optional_size, "rerun": parse_bool}
+
+
+def marker_arguments(item: pytest.Item) -> dict[str, Any]:
+    """Parsed keyword arguments of the item's ``tfmem`` markers (the closest marker wins).
+
+    Raises ``pytest.UsageError`` naming the test, the bad argument and the accepted forms.
+    """
+    arguments: dict[str, Any] = {}
+    for mark in reversed(list(item.iter_markers(MARKER))):
+        if mark.args:
+            raise pytest.UsageError(
+                f"pytest-tfmem: {item.nodeid}: @pytest.mark.tfmem takes keyword arguments only "
+                f"(e.g. budget='512MB'), got positional {mark.args!r}"
+            )
+        for key, value in mark.kwargs.items():
+            parse = MARKER_KEYWORDS.get(key)
+            if parse is None:
+                accepted = ", ".join(sorted(MARKER_KEYWORDS))
+                raise pytest.UsageError(
+                    f"pytest-tfmem: {item.nodeid}: unknown tfmem marker argument {key!r}; accepted: {accepted}"
+                )
+            try:
+                arguments[key] = parse(value, f"tfmem marker argument {key}")
+            except ValueError as error:
+                raise pytest.UsageError(f"pytest-tfmem: {item.nodeid}: {error}") from None
+    return arguments

@@ -1,0 +1,41 @@
+"""Checks: pure functions from a policy and a measurement to a ``Verdict``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.units import format_size
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of one check; ``message`` is what the user reads."""
+
+    check: str
+    ok: bool
+    message: str
+
+
+def view_label(view: str) -> str:
+    """``host`` -> ``host RSS``, ``tf:CPU:0`` -> ``TF CPU:0 allocator``, ``nvml:1`` -> ``GPU 1 (NVML)``."""
+    if view == "host":
+        return "host RSS"
+    if view.startswith("nvml:"):  # NVML: this process's memory on a GPU
+        return f"GPU {view[5:]} (NVML)"
+    return f"TF {view[3:]} allocator"
+
+
+def describe_views(measurement: Measurement) -> str:
+    """``host RSS 598.0 MiB, TF CPU:0 allocator 540.0 MiB``: where the memory went."""
+    return ", ".join(f"{view_label(view.view)} {format_size(view.increase)}" for view in measurement.views)
+
+
+def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None:
+    """``peak 612.4 MiB > budget 512.0 MiB (host RSS ..., TF CPU:0 allocator ...)``."""
+    if budget is None:
+        return None
+    peak = measurement.peak
+    relation = ">" if peak > budget else "<="
+    message = f"peak {format_size(peak)} {relation} budget {format_size(budget)} ({describe_views(measurement)})"
+    return Verdict("budget", peak <= budget, message)

@@ -1,0 +1,398 @@
+"""Explain a failure: the memory of each line of the test, and the TensorFlow ops alive at the peak.
+
+``--tfmem-explain`` (ini ``tfmem_explain``, marker ``tfmem(explain=True)``) explains each test
+that fails a tfmem check (a budget, a baseline). Two ways, and the report says which was used:
+
+- ``rerun`` (the default): right after the failure the test's body runs once more, in the same
+  process, with the same fixture values (see ``rerun``), under the line tracer
+  (``explain_lines``) and, when TensorFlow is loaded and the trace feature has not already
+  profiled the test, TensorFlow's profiler (``explain_tf``). Passing tests pay nothing.
+- ``from-start``: the line tracer (and the profiler) run during the test's own run, for a test
+  whose body must not run twice. Every explained test then pays the tracer's time, and its
+  verdict includes the profiler's memory.
+
+The explanation goes into two report sections, the test's record (``extra["explain"]``, so
+the JSON report) and, when the test has a TensorBoard trace, its ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core.record import PROPERTY, TestRecord
+from pytest_tfmem.core.rerun import Rerun
+from pytest_tfmem.explain.lines import (
+    FunctionLines,
+    LineTracer,
+    function_code,
+    line_trackers,
+    render_lines,
+    resolve_function,
+)
+from pytest_tfmem.explain.tf_ops import AllocatorPeak, TraceUnreadable, memory_profile, peak_allocations, render_ops
+from pytest_tfmem.probes import tf as tf_probe
+from pytest_tfmem.trace.capture import update_summary
+from pytest_tfmem.trace.plugin import (
+    ALWAYS as TRACE_ALWAYS,
+    PLUGIN_NAME as TRACE_PLUGIN,
+    RERUN_LABEL as TRACE_RERUN_LABEL,
+    TRACE,
+)
+from pytest_tfmem.trace.profiler import ProfilerCapture
+from pytest_tfmem.units import format_size
+
+RERUN, FROM_START = "rerun", "from-start"
+MODES = (RERUN, FROM_START)
+PLUGIN_NAME = "tfmem-explain"
+RERUN_LABEL = "memory-by-line table"  # what a re-run gives this feature, as the report names it
+SECTION_KEY = "explain"  # in ``TestRecord.extra`` and the trace's ``summary.json``
+TF_SECTION = "memory at the peak by TensorFlow op"
+LEGEND = [
+    "Peak+: the largest increase while the line ran; Net: what the line kept;",
+    "Peak: the highest level while it ran, above where tracing began (host RSS or TF CPU allocator, the larger)",
+]
+_DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+# A test's report sections, and its own run when traced from the start, on its item.
+SECTIONS = pytest.StashKey[list[tuple[str, str]]]()  # (title, text) of the report sections
+OWN_RUN = pytest.StashKey["TracedRun"]()
+
+
+def parse_mode(value: object, what: str) -> str:
+    text = str(value).strip().lower()
+    if isinstance(value, str) and text in MODES:
+        return text
+    raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}")
+
+
+def _function_names(names: list[object], value: object, what: str) -> tuple[str, ...]:
+    for name in names:
+        if not isinstance(name, str) or not _DOTTED_NAME.match(name):
+            raise ValueError(
+                f"invalid {what} {value!r}: {name!r} is not a dotted function name; expected names like "
+                "'mypkg.train.fit_model' (module path, then the function or Class.method)"
+            )
+    return tuple(dict.fromkeys(names))  # type: ignore[arg-type]
+
+
+def parse_function_names(value: object, what: str) -> tuple[str, ...]:
+    """Option form: names separated by commas or spaces."""
+    return _function_names([name for name in re.split(r"[,\s]+", str(value).strip()) if name], value, what)
+
+
+def parse_marker_explain(value: object, what: str) -> tuple[bool, tuple[str, ...]]:
+    """Marker form: ``True``, ``False``, or a list of dotted names (which turns explaining on)."""
+    if isinstance(value, bool):
+        return value, ()
+    if isinstance(value, (list, tuple)) and value:
+        return True, _function_names(list(value), value, what)
+    raise ValueError(
+        f"invalid {what} {value!r}: expected True, False or a list of dotted function names "
+        "like ['mypkg.train.fit_model']"
+    )
+
+
+EXPLAIN = settings.Option(
+    "explain",
+    "explain a test that fails a tfmem check: memory by line of the test and the TensorFlow ops "
+    "alive at the peak (marker: explain=True)",
+    settings.parse_bool,
+    False,
+    flag=True,
+)
+EXPLAIN_MODE = settings.Option(
+    "explain_mode",
+    f"{RERUN}: re-run a failed test's body once under the line tracer (default; passing tests pay "
+    f"nothing); {FROM_START}: trace the test's own run (every explained test pays the tracer's time)",
+    parse_mode,
+    RERUN,
+)
+EXPLAIN_FUNCTIONS = settings.Option(
+    "explain_functions",
+    "more functions to explain by line, as dotted names separated by commas, e.g. mypkg.train.fit_model",
+    parse_function_names,
+    (),
+)
+EXPLAIN_TOP = settings.Option(
+    "explain_top", "rows per allocator in the TensorFlow op table (default 10)", settings.parse_positive_int, 10
+)
+EXPLAIN_OPTIONS = [EXPLAIN, EXPLAIN_MODE, EXPLAIN_FUNCTIONS, EXPLAIN_TOP]
+settings.MARKER_KEYWORDS["explain"] = parse_marker_explain
+settings.MARKER_KEYWORDS["explain_mode"] = parse_mode
+
+
+@dataclass(frozen=True)
+class ExplainSettings:
+    enabled: bool
+    mode: str
+    functions: tuple[str, ...]
+    top: int
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> ExplainSettings:
+        values = [settings.read_option(config, option)[0] for option in EXPLAIN_OPTIONS]
+        return cls(*values)
+
+
+@dataclass(frozen=True)
+class ExplainRequest:
+    """How one test is explained: mode, the functions traced besides the test, table rows."""
+
+    mode: str
+    functions: tuple[str, ...]
+    top: int
+
+
+@dataclass
+class TracedRun:
+    """The line tracer and (optionally) the profiler over one run of a test."""
+
+    how: str  # RERUN or FROM_START
+    tracer: LineTracer
+    profiler: ProfilerCapture | None
+    notes: list[str] = field(default_factory=list)
+    peak: int | None = None  # of a re-run
+    error: str | None = None  # how a re-run ended, if it raised
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, EXPLAIN_OPTIONS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(ExplainPlugin(config), PLUGIN_NAME)
+
+
+def traced_functions(item: pytest.Function, names: tuple[str, ...]) -> tuple[dict[CodeType, str], list[str]]:
+    """Code objects to trace (the test, then the named functions) with the names shown; notes on names not found."""
+    functions = {function_code(item.obj, item.nodeid): item.nodeid}
+    notes = []
+    for name in names:
+        try:
+            functions.setdefault(resolve_function(name), name)
+        except LookupError as error:
+            notes.append(f"not traced: {error}")
+    return functions, notes
+
+
+class ExplainPlugin:
+    """Runs the tracers for tests that ask for an explanation and reports what they found."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.settings = ExplainSettings.from_config(config)
+
+    def request_for(self, item: pytest.Item) -> ExplainRequest | None:
+        """The explanation the test asks for (options, then its marker), or ``None``."""
+        if not isinstance(item, pytest.Function) or not core.manager(self.config).is_measured(item):
+            return None
+        arguments = item.stash.get(core.ARGUMENTS, {})
+        enabled, names = arguments.get("explain", (self.settings.enabled, ()))
+        if not enabled:
+            return None
+        mode = arguments.get("explain_mode", self.settings.mode)
+        return ExplainRequest(mode, tuple(dict.fromkeys(self.settings.functions + names)), self.settings.top)
+
+    def _start(self, item: pytest.Function, request: ExplainRequest, how: str, profile: bool) -> TracedRun:
+        functions, notes = traced_functions(item, request.functions)
+        tf = tf_probe.loaded_tensorflow()
+        profiler = None
+        if profile and tf is not None:
+            profiler = ProfilerCapture(tf, Path(tempfile.mkdtemp(prefix="tfmem-explain-")))
+            profiler.start()
+        run = TracedRun(how, LineTracer(functions, line_trackers()), profiler, notes)
+        run.tracer.start()
+        return run
+
+    def _stop(self, run: TracedRun) -> None:
+        run.tracer.stop()
+        if run.tracer.replaced_tracer:
+            run.notes.append("another tracer (a debugger or coverage) was paused while the line tracer ran")
+        if run.profiler is not None:
+            run.profiler.stop()
+
+    def _trace_profiles_own_run(self, item: pytest.Item) -> bool:
+        trace = self.config.pluginmanager.get_plugin(TRACE_PLUGIN)
+        return trace is not None and trace.mode_for(item) == TRACE_ALWAYS
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """``from-start``: trace the test's own run (the profiler too, unless the trace feature does)."""
+        request = self.request_for(item)
+        if request is None or request.mode != FROM_START:
+            return (yield)
+        assert isinstance(item, pytest.Function)
+        try:
+            run = self._start(item, request, FROM_START, profile=not self._trace_profiles_own_run(item))
+        except Exception as error:  # the test runs anyway, untraced
+            item.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
+            return (yield)
+        try:
+            return (yield)
+        finally:
+            self._stop(run)
+            item.stash[OWN_RUN] = run
+
+    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
+        request = self.request_for(item)
+        return RERUN_LABEL if request is not None and request.mode == RERUN else None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the trace's: its trace is written when this reads it
+    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> Generator[None, None, None]:
+        """``rerun``: the line tracer (and the profiler, unless the trace feature profiles) over the re-run."""
+        request = self.request_for(item)
+        if request is None or RERUN_LABEL not in rerun.wanted_by:
+            return (yield)
+        assert isinstance(item, pytest.Function)
+        run = self._start(item, request, RERUN, profile=TRACE_RERUN_LABEL not in rerun.wanted_by)
+        try:
+            yield
+        finally:
+            self._stop(run)
+        if rerun.result is not None:
+            run.peak, run.error = rerun.result.measurement.peak, rerun.result.error
+        record = item.stash[core.RECORD]
+        try:
+            self.explain(item, request, record, run)
+        except Exception as error:  # explaining must never hide the test's own failure
+            item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
+        finally:
+            _remove_capture(run.profiler)
+
+    def explain(self, item: pytest.Item, request: ExplainRequest, record: TestRecord, run: TracedRun) -> None:
+        """Read the failed test's traced run (its TF trace too) and publish the explanation."""
+        trace = item.stash.get(TRACE, None)
+        trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
+        if trace and trace_files:
+            source = "the test's TensorBoard trace (" + (
+                "its re-run by the trace feature)" if trace["traced"] == "rerun" else "its own run)")
+            profile_files = trace_files
+        else:
+            source = "TensorFlow's profiler during " + ("the re-run" if run.how == RERUN else "the test's own run")
+            profile_files = list(run.profiler.files) if run.profiler is not None else []
+            if run.profiler is not None and not profile_files:
+                run.notes.append(run.profiler.message)
+        allocators = _tensorflow_peaks(profile_files, request.top, run.notes)
+        lines = run.tracer.results()
+        _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outer: after the core's ``tfmem`` section
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """A test traced from the start that failed a tfmem check is explained before its call
+        report is made (by then every feature has finished with the test's own run)."""
+        own_run = item.stash.get(OWN_RUN, None) if call.when == "call" else None
+        if own_run is not None:
+            del item.stash[OWN_RUN]
+            request, record = self.request_for(item), item.stash.get(core.RECORD, None)
+            if request is not None and record is not None and record.failed_verdicts:
+                try:
+                    self.explain(item, request, record, own_run)
+                except Exception as error:  # explaining must never hide the test's own failure
+                    item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
+            _remove_capture(own_run.profiler)
+        report = yield
+        if call.when == "call":
+            explained = item.stash.get(SECTIONS, [])
+            report.sections.extend(explained)
+        return report
+
+
+def _tensorflow_peaks(files: list[Path], top: int, notes: list[str]) -> list[AllocatorPeak]:
+    if not files:
+        return []
+    try:
+        return peak_allocations(memory_profile(files), top)
+    except TraceUnreadable as error:
+        notes.append(f"no TensorFlow op table: {error}")
+    except Exception as error:  # a trace that cannot be read must not hide the test's own failure
+        notes.append(f"no TensorFlow op table: reading the trace failed: {error!r}")
+    return []
+
+
+def explanation(record: TestRecord, run: TracedRun, lines: list[FunctionLines],
+                allocators: list[AllocatorPeak], source: str) -> dict[str, Any]:
+    """What goes into the record and ``summary.json``."""
+    verdict_peak = record.measurement.peak if record.measurement is not None else None
+    notes = list(run.notes)
+    if run.how == RERUN:
+        how = (f"re-run once after the failure, with the same fixture values, under a line tracer: peak "
+               f"{format_size(run.peak)} (the failed run: {format_size(verdict_peak)})")
+        if run.error:
+            how += f"; the re-run raised {run.error.splitlines()[0][:200]}"
+    else:
+        how = "the test's own run, traced from the start (its verdict includes what the tracers used)"
+    if not lines:
+        notes.append("no line of a traced function ran")
+    largest = max(
+        ((function, row) for function in lines for row in function.rows),
+        key=lambda pair: pair[1].peak_increase() or 0,
+        default=None,
+    )
+    return {
+        "how": run.how,
+        "description": how,
+        "rerun": {"peak_bytes": run.peak, "error": run.error} if run.how == RERUN else None,
+        "lines": [function.to_dict() for function in lines],
+        "largest": None if largest is None else {
+            "function": largest[0].name, "file": largest[0].filename, "line": largest[1].line,
+            "contents": largest[1].contents, "peak_increase_bytes": largest[1].peak_increase(),
+        },
+        "tensorflow": {"source": source, "allocators": [peak.to_dict() for peak in allocators]} if allocators else None,
+        "notes": notes,
+    }
+
+
+def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
+             allocators: list[AllocatorPeak]) -> list[tuple[str, str]]:
+    """Report sections: one ``memory by line (...)`` per traced function, then the TF op table."""
+    result = []
+    for index, function in enumerate(lines):
+        text = [data["description"]] if index == 0 else []
+        text += render_lines(function)
+        largest = function.largest()
+        if largest is not None:
+            text.append(f"largest increase: line {largest.line} ({format_size(largest.peak_increase(), signed=True)}): "
+                        f"{largest.contents}")
+        if index == len(lines) - 1:
+            text += [*LEGEND, *(f"note: {note}" for note in data["notes"])]
+        result.append((f"memory by line ({function.name})", "\n".join(text)))
+    if not lines:
+        text = [data["description"], *(f"note: {n}" for n in data["notes"])]
+        result.append((f"memory by line ({nodeid})", "\n".join(text)))
+    if allocators:
+        text = [f"from {data['tensorflow']['source']}"]
+        for peak in allocators:
+            text += render_ops(peak)
+        result.append((TF_SECTION, "\n".join(text)))
+    return result
+
+
+def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], lines: list[FunctionLines],
+             allocators: list[AllocatorPeak], trace: dict[str, Any] | None) -> None:
+    """Put the explanation into the trace's summary, the record (refreshing the copy in the item's
+    properties) and the report sections."""
+    if trace is not None:
+        try:
+            update_summary(trace["directory"], SECTION_KEY, data)
+        except (OSError, ValueError) as error:
+            data["notes"].append(f"not added to the trace's summary.json: {error}")
+    record.extra[SECTION_KEY] = data
+    fresh = record.user_properties()[0]
+    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+    item.stash[SECTIONS] = sections(item.nodeid, data, lines, allocators)
+
+
+def _remove_capture(profiler: ProfilerCapture | None) -> None:
+    if profiler is not None:
+        shutil.rmtree(profiler.logdir, ignore_errors=True)

@@ -1,0 +1,194 @@
+"""Baseline files: each test's peak memory on a reference run, to compare later runs with.
+
+A baseline is a versioned JSON file keyed by test node id::
+
+    {
+      "format": "pytest-tfmem-baseline",
+      "version": 1,
+      "saved": "2026-01-31T12:00:00+00:00",
+      "environment": {"python": "3.11", "tensorflow": "2.21.0", ...},
+      "tests": {
+        "tests/test_model.py::test_fit": {"peak": 671088640, "views": {"host": 671088640, "tf:CPU:0": 540000000}},
+        "tests/test_model.py::test_loop": {"peak": 12582912, "views": {"host": 12582912}, "leak_slope": 6400000.0}
+      }
+    }
+
+Saving merges into the existing file (tests not run keep their entries unless pruned) and
+replaces it atomically; loading validates everything and raises ``BaselineError`` naming
+the file and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.gates.environment import current_environment
+
+FORMAT = "pytest-tfmem-baseline"
+VERSION = 1
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"baseline file {str(path)!r}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+def compared_quantities(measurement: Measurement) -> dict[str, int]:
+    """What a baseline holds a test to: the headline ``peak``, and each GPU allocator's increase.
+
+    GPU memory is not part of the headline peak, so each GPU view is held on its own.
+    """
+    quantities = {"peak": measurement.peak}
+    for view in measurement.views:
+        if view.view.startswith("tf:GPU"):
+            quantities[view.view] = view.increase
+    return quantities
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """One test's reference figures, in bytes (``leak_slope`` in bytes per iteration)."""
+
+    peak: int
+    views: dict[str, int] = field(default_factory=dict)
+    leak_slope: float | None = None
+
+    def quantities(self) -> dict[str, int]:
+        quantities = {"peak": self.peak}
+        quantities.update({name: value for name, value in self.views.items() if name.startswith("tf:GPU")})
+        return quantities
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"peak": self.peak, "views": dict(self.views)}
+        if self.leak_slope is not None:
+            data["leak_slope"] = self.leak_slope
+        return data
+
+    @classmethod
+    def from_record(cls, record: TestRecord) -> BaselineEntry:
+        assert record.measurement is not None
+        leak = record.extra.get("leak")  # a leak check's ``LeakReport.to_dict()``
+        slope = leak.get("growth_per_iteration") if isinstance(leak, dict) else None
+        return cls(
+            peak=record.measurement.peak,
+            views={view.view: view.increase for view in record.measurement.views},
+            leak_slope=float(slope) if isinstance(slope, (int, float)) and not isinstance(slope, bool) else None,
+        )
+
+
+@dataclass
+class Baseline:
+    """The contents of a baseline file."""
+
+    tests: dict[str, BaselineEntry] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    saved: str | None = None
+
+    def merged(self, records: Iterable[TestRecord], *, prune: bool = False) -> Baseline:
+        """A new baseline: this one updated with every passed, measured test of ``records``.
+
+        Entries of tests not among ``records`` are kept, or dropped with ``prune``. Tests
+        that did not pass keep their old entry: a failing run says little about memory.
+        """
+        fresh = {
+            record.nodeid: BaselineEntry.from_record(record)
+            for record in records
+            if record.measurement is not None and record.outcome == "passed"
+        }
+        tests = {} if prune else dict(self.tests)
+        tests.update(fresh)
+        return Baseline(
+            tests=dict(sorted(tests.items())),
+            environment=current_environment(),
+            saved=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "saved": self.saved,
+            "environment": self.environment,
+            "tests": {nodeid: entry.to_dict() for nodeid, entry in self.tests.items()},
+        }
+
+
+def save_baseline(baseline: Baseline, path: str | Path) -> None:
+    """Write ``baseline`` to ``path`` atomically: on any failure the old file stays intact."""
+    write_text_atomic(path, json.dumps(baseline.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def load_baseline(path: str | Path, *, missing_ok: bool = False) -> Baseline:
+    """Read and validate a baseline file; an absent file is an empty baseline if ``missing_ok``.
+
+    Raises ``BaselineError`` for a missing (unless allowed), unreadable, empty, corrupt or
+    wrong-version file, naming the file and the problem.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return Baseline()
+        raise BaselineError(path, "no such file (create one with --tfmem-save-baseline=PATH)") from None
+    except UnicodeDecodeError:
+        raise BaselineError(path, "not a text file (it is not UTF-8): not a pytest-tfmem baseline") from None
+    except OSError as error:
+        raise BaselineError(path, f"cannot be read ({error.strerror or error})") from None
+    return parse_baseline(text, path)
+
+
+def parse_baseline(text: str, path: str | Path) -> Baseline:
+    """Validate the text of a baseline file (see the module docstring for the format)."""
+    if not text.strip():
+        raise BaselineError(path, "the file is empty: not a pytest-tfmem baseline")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise BaselineError(path, f"not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BaselineError(path, f'not a pytest-tfmem baseline (expected a JSON object with "format": "{FORMAT}")')
+    version = data.get("version")
+    if version != VERSION:
+        raise BaselineError(
+            path, f"baseline format version {version!r} is not supported (this pytest-tfmem reads version {VERSION})"
+        )
+    tests = data.get("tests")
+    if not isinstance(tests, dict):
+        raise BaselineError(path, '"tests" must be an object keyed by test node id')
+    environment = data.get("environment", {})
+    if not isinstance(environment, dict):
+        raise BaselineError(path, '"environment" must be an object')
+    return Baseline(
+        tests={nodeid: _parse_entry(path, nodeid, entry) for nodeid, entry in tests.items()},
+        environment=environment,
+        saved=data.get("saved"),
+    )
+
+
+def _is_bytes(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _parse_entry(path: str | Path, nodeid: str, entry: object) -> BaselineEntry:
+    if not isinstance(entry, dict) or not _is_bytes(entry.get("peak")):
+        peak = entry.get("peak") if isinstance(entry, dict) else entry
+        raise BaselineError(path, f"test {nodeid!r}: \"peak\" must be a whole number of bytes >= 0, got {peak!r}")
+    views = entry.get("views", {})
+    if not isinstance(views, dict) or not all(_is_bytes(value) for value in views.values()):
+        raise BaselineError(path, f"test {nodeid!r}: \"views\" must map view names to whole numbers of bytes")
+    slope = entry.get("leak_slope")
+    if slope is not None and (isinstance(slope, bool) or not isinstance(slope, (int, float))):
+        raise BaselineError(path, f"test {nodeid!r}: \"leak_slope\" must be a number, got {slope!r}")
+    return BaselineEntry(entry["peak"], dict(views), None if slope is None else float(slope))

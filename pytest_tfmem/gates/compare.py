@@ -1,0 +1,133 @@
+"""Compare a test's figures with its baseline entry: regression, improvement, within tolerance, new.
+
+Pure functions shared by the pytest check and the ``tfmem compare`` command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.gates.baseline import BaselineEntry, compared_quantities
+from pytest_tfmem.gates.tolerance import Tolerance, parse_tolerance
+from pytest_tfmem.units import format_size
+
+SECTION = "baseline"  # key of the comparison in ``TestRecord.extra``
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+WITHIN = "within tolerance"
+NEW = "not in baseline"
+# Most telling first: a test's overall status is the first of these among its quantities.
+STATUS_ORDER = (REGRESSION, IMPROVEMENT, NEW, WITHIN)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One quantity of one test (``peak``, or a GPU view such as ``tf:GPU:0``) against its baseline."""
+
+    nodeid: str
+    quantity: str
+    current: int
+    baseline: int | None
+    tolerance: Tolerance
+
+    @property
+    def change(self) -> int | None:
+        return None if self.baseline is None else self.current - self.baseline
+
+    @property
+    def change_percent(self) -> float | None:
+        if self.baseline is None or self.baseline == 0:
+            return None
+        return 100 * (self.current - self.baseline) / self.baseline
+
+    @property
+    def allowance(self) -> float | None:
+        return None if self.baseline is None else self.tolerance.allowance(self.baseline)
+
+    @property
+    def status(self) -> str:
+        if self.baseline is None:
+            return NEW
+        assert self.change is not None and self.allowance is not None
+        if self.change > self.allowance:
+            return REGRESSION
+        if -self.change > self.allowance:
+            return IMPROVEMENT
+        return WITHIN
+
+    @property
+    def label(self) -> str:
+        return "peak" if self.quantity == "peak" else f"{self.quantity[3:]} peak"
+
+    def describe_change(self) -> str:
+        """``+26.9%`` for a percentage tolerance, ``+172.0 MiB`` for a size, both for both."""
+        assert self.change is not None
+        percent = self.change_percent
+        parts = []
+        if self.tolerance.fraction is not None or self.tolerance.size is None:
+            parts.append("baseline 0" if percent is None else f"{percent:+.1f}%")
+        if self.tolerance.size is not None or percent is None:
+            parts.append(format_size(self.change, signed=True))
+        return ", ".join(parts)
+
+    def message(self) -> str:
+        """``peak 812.0 MiB vs baseline 640.0 MiB (+26.9% > 10%)``."""
+        if self.baseline is None:
+            return f"{self.label} {format_size(self.current)}: no baseline entry, not compared"
+        change = self.describe_change()
+        outcome = {
+            REGRESSION: f"{change} > {self.tolerance}",
+            IMPROVEMENT: f"{change}, more than {self.tolerance} below",
+        }.get(self.status, f"{change}, within {self.tolerance}")
+        return f"{self.label} {format_size(self.current)} vs baseline {format_size(self.baseline)} ({outcome})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"current": self.current, "baseline": self.baseline, "status": self.status}
+
+
+def compare(
+    nodeid: str, measurement: Measurement, entry: BaselineEntry | None, tolerance: Tolerance
+) -> list[Comparison]:
+    """One comparison per quantity the test measured; all ``NEW`` when there is no entry."""
+    reference = entry.quantities() if entry is not None else {}
+    return [
+        Comparison(nodeid, quantity, current, reference.get(quantity), tolerance)
+        for quantity, current in compared_quantities(measurement).items()
+    ]
+
+
+def overall_status(comparisons: list[Comparison]) -> str:
+    statuses = {comparison.status for comparison in comparisons}
+    return next((status for status in STATUS_ORDER if status in statuses), WITHIN)
+
+
+def baseline_verdict(comparisons: list[Comparison]) -> Verdict:
+    """Fails on any regression; passes (with a note) otherwise."""
+    status = overall_status(comparisons)
+    telling = [c for c in comparisons if c.status == status] or comparisons
+    return Verdict("baseline", status != REGRESSION, "; ".join(c.message() for c in telling))
+
+
+def record_section(comparisons: list[Comparison], tolerance: Tolerance) -> dict[str, Any]:
+    """What a test record carries about its comparison (``record.extra[SECTION]``)."""
+    return {
+        "status": overall_status(comparisons),
+        "tolerance": str(tolerance),
+        "quantities": {c.quantity: c.to_dict() for c in comparisons},
+    }
+
+
+def comparisons_from_record(record: TestRecord) -> list[Comparison]:
+    """The comparisons a record carries (``record.extra["baseline"]``), e.g. from an xdist worker."""
+    section = record.extra.get(SECTION)
+    if not isinstance(section, dict):
+        return []
+    tolerance = parse_tolerance(section["tolerance"])
+    return [
+        Comparison(record.nodeid, quantity, figures["current"], figures["baseline"], tolerance)
+        for quantity, figures in section["quantities"].items()
+    ]

@@ -1,0 +1,276 @@
+"""CI gates, the pytest side: baselines with tolerance, the JSON report, the Markdown summary.
+
+Under pytest-xdist every worker loads the baseline and judges its own tests (so verdicts
+are the same as without xdist); only the controller, which gathers every test's record
+from the test reports, saves baselines and writes reports.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_tfmem import __version__, errors
+from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.summary import render_table
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
+from pytest_tfmem.gates.compare import (
+    IMPROVEMENT,
+    NEW,
+    REGRESSION,
+    SECTION,
+    baseline_verdict,
+    compare,
+    comparisons_from_record,
+    record_section,
+)
+from pytest_tfmem.gates.environment import current_environment, environment_differences
+from pytest_tfmem.gates.reports import (
+    SessionReport,
+    comparison_rows,
+    counts_sentence,
+    session_markdown,
+    sort_comparisons,
+    summary_counts,
+    write_report,
+)
+from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
+from pytest_tfmem.isolate.child import IN_CHILD
+
+PLUGIN_NAME = "tfmem-gates"
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+# A run that ended like this says nothing reliable about memory: the baseline is left alone.
+_NOT_SAVED_AFTER = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR}
+
+errors.FAILURE_BY_CHECK["baseline"] = errors.MemoryRegression
+settings.MARKER_KEYWORDS["tolerance"] = parse_tolerance
+
+
+def parse_path(value: object, what: str) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ValueError(f"invalid {what} {value!r}: expected a file path")
+    return text
+
+
+BASELINE = settings.Option(
+    "baseline", "compare each test's peak with this baseline file; a test grown beyond tolerance fails", parse_path
+)
+SAVE_BASELINE = settings.Option(
+    "save_baseline",
+    "save each passed test's peak into this baseline file (merged into it if it exists; written atomically)",
+    parse_path,
+)
+BASELINE_PRUNE = settings.Option(
+    "baseline_prune",
+    "with --tfmem-save-baseline: drop the entries of tests that did not run in this session",
+    settings.parse_bool,
+    False,
+    flag=True,
+)
+TOLERANCE = settings.Option(
+    "tolerance",
+    f"how far a peak may move from its baseline: {TOLERANCE_FORMS} (default {DEFAULT_TOLERANCE})",
+    parse_tolerance,
+    parse_tolerance(DEFAULT_TOLERANCE),
+)
+REPORT = settings.Option("report", "write a JSON report of every measured test to this file", parse_path)
+MARKDOWN = settings.Option("markdown", "write a Markdown summary to this file", parse_path)
+GITHUB_SUMMARY = settings.Option(
+    "github_summary",
+    f"append the Markdown summary to the file named by ${STEP_SUMMARY} (GitHub Actions' job page); "
+    "without it nothing is written there",
+    settings.parse_bool,
+    False,
+    flag=True,
+)
+OPTIONS = [BASELINE, SAVE_BASELINE, BASELINE_PRUNE, TOLERANCE, REPORT, MARKDOWN, GITHUB_SUMMARY]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, OPTIONS)
+
+
+@pytest.hookimpl(trylast=True)  # after the core registered its manager
+def pytest_configure(config: pytest.Config) -> None:
+    gates = CiGates(config)
+    config.pluginmanager.register(gates, PLUGIN_NAME)
+    if gates.active:
+        core.manager(config).measure_every_test = True
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    """An xdist worker or an isolated test's process: only the session's main process writes."""
+    return hasattr(config, "workerinput") or IN_CHILD in config.stash
+
+
+class CiGates:
+    """Per-session state: the loaded baseline, where to save and report, and what happened."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
+        self.tolerance: Tolerance = values["tolerance"]
+        self.prune: bool = values["baseline_prune"]
+        self.baseline_path = self._path(values["baseline"])
+        self.save_path = self._path(values["save_baseline"])
+        self.report_path = self._path(values["report"])
+        self.markdown_path = self._path(values["markdown"])
+        self.github_summary: bool = values["github_summary"]
+        paths = (self.baseline_path, self.save_path, self.report_path, self.markdown_path)
+        self.active = self.github_summary or any(p is not None for p in paths)
+        self.baseline = self._load(self.baseline_path, missing_ok=False)
+        # The file a save merges into: validated now, so a bad one stops the run before any test.
+        self.save_into: Baseline | None = None
+        if self.save_path is not None and not _is_worker(config):
+            same = self.save_path == self.baseline_path
+            self.save_into = self.baseline if same else self._load(self.save_path, missing_ok=True)
+        self.environment_notes: list[str] = []
+        if self.baseline is not None and not _is_worker(config):
+            differences = environment_differences(self.baseline.environment, current_environment())
+            if differences:
+                self.environment_notes.append(
+                    "the baseline was recorded in a different environment: " + "; ".join(differences)
+                )
+        self.outcome_lines: list[tuple[str, dict[str, bool]]] = []  # for the terminal summary
+
+    def _path(self, value: str | None) -> Path | None:
+        if value is None:
+            return None
+        return (self.config.invocation_params.dir / value).absolute()
+
+    def _load(self, path: Path | None, *, missing_ok: bool) -> Baseline | None:
+        if path is None:
+            return None
+        try:
+            return load_baseline(path, missing_ok=missing_ok)
+        except BaselineError as error:
+            advice = ""
+            if missing_ok:  # the file --tfmem-save-baseline would merge into
+                advice = (
+                    " (--tfmem-save-baseline merges into an existing file: fix or remove it; it was left unchanged)"
+                )
+            raise pytest.UsageError(f"pytest-tfmem: {error}{advice}") from None
+
+    @pytest.hookimpl
+    def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
+        """Hold the test to its baseline entry, with its marker's tolerance if it has one."""
+        arguments = item.stash.get(core.ARGUMENTS, {})
+        tolerance = arguments.get("tolerance", self.tolerance)
+        if "tolerance" in arguments:
+            record.extra["tolerance"] = str(tolerance)  # so ``tfmem compare`` applies it too
+        if self.baseline is None or record.measurement is None:
+            return None
+        comparisons = compare(record.nodeid, record.measurement, self.baseline.tests.get(record.nodeid), tolerance)
+        record.extra[SECTION] = record_section(comparisons, tolerance)
+        return baseline_verdict(comparisons)
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if _is_worker(self.config):
+            return
+        records = core.manager(self.config).records
+        if self.save_path is not None:
+            self._save_baseline(session, records, exitstatus)
+        if self.report_path is not None:
+            report = self._report(records, exitstatus)
+            self._write(session, "JSON report", self.report_path, lambda path: write_report(report, path))
+        top = core.manager(self.config).settings.top
+        markdown = session_markdown(records, top=top, notes=self.environment_notes)
+        if self.markdown_path is not None:
+            self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
+        if self.github_summary:
+            self._append_step_summary(session, records, markdown)
+
+    def _append_step_summary(self, session: pytest.Session, records: list[TestRecord], markdown: str) -> None:
+        """``--tfmem-github-summary``: add the summary to the job's page (only when asked: the
+        variable alone is set in every GitHub Actions step, also for sessions that never asked)."""
+        step_summary = os.environ.get(STEP_SUMMARY)
+        if not step_summary:
+            self.outcome_lines.append((f"${STEP_SUMMARY} is not set: no summary appended to it", {"yellow": True}))
+        elif records:
+            self._write(session, f"${STEP_SUMMARY}", Path(step_summary), lambda path: _append_text(path, markdown))
+
+    def _save_baseline(self, session: pytest.Session, records: list[TestRecord], exitstatus: int) -> None:
+        assert self.save_path is not None and self.save_into is not None
+        if exitstatus in _NOT_SAVED_AFTER:
+            how = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
+            message = f"baseline not saved: the run was {how}; {self.save_path} is unchanged"
+            self.outcome_lines.append((message, {"yellow": True}))
+            return
+        updated = self.save_into.merged(records, prune=self.prune)
+        saved = sum(record.measurement is not None and record.outcome == "passed" for record in records)
+        self._write(
+            session,
+            "baseline",
+            self.save_path,
+            lambda path: save_baseline(updated, path),
+            done=f"baseline saved to {self.save_path}: {saved} test(s) updated, {len(updated.tests)} in the file",
+        )
+
+    def _report(self, records: list[TestRecord], exitstatus: int) -> SessionReport:
+        baseline = None
+        if self.baseline_path is not None:
+            baseline = {"path": str(self.baseline_path), "tolerance": str(self.tolerance)}
+        return SessionReport(
+            tests=list(records),
+            environment=current_environment(),
+            baseline=baseline,
+            exitstatus=int(exitstatus),
+            version=__version__,
+        )
+
+    def _write(
+        self, session: pytest.Session, what: str, path: Path, write: Callable[[Path], None], done: str | None = None
+    ) -> None:
+        """Write one output; a failure is reported and fails the session instead of passing silently."""
+        try:
+            write(path)
+        except OSError as error:
+            message = f"could not write the {what} to {path}: {error.strerror or error}"
+            self.outcome_lines.append((message, {"red": True}))
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
+        self.outcome_lines.append((done or f"{what} written to {path}", {}))
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        records = core.manager(self.config).records
+        if self.baseline is not None and records:
+            self._summarise_comparisons(terminalreporter, records)
+        elif self.outcome_lines:
+            terminalreporter.write_sep("=", "tfmem: CI gates")
+        for line, markup in self.outcome_lines:
+            terminalreporter.write_line(f"tfmem: {line}", **markup)
+
+    def _summarise_comparisons(self, terminalreporter: pytest.TerminalReporter, records: list[TestRecord]) -> None:
+        terminalreporter.write_sep("=", f"tfmem: baseline {self.baseline_path} (tolerance {self.tolerance})")
+        for note in self.environment_notes:
+            terminalreporter.write_line(f"tfmem: warning: {note}", yellow=True)
+        terminalreporter.write_line(counts_sentence(summary_counts(records), compared=True))
+        comparisons = [c for record in records for c in comparisons_from_record(record)]
+        moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
+        if moved:
+            for line in render_table(comparison_rows(moved)):
+                terminalreporter.write_line(line)
+        if any(c.status == IMPROVEMENT for c in moved):
+            terminalreporter.write_line(
+                f"tests using less memory than their baseline beyond tolerance: refresh it with "
+                f"--tfmem-save-baseline={self.baseline_path}"
+            )
+        new = sorted({c.nodeid for c in comparisons if c.status == NEW})
+        if new:
+            terminalreporter.write_line(f"not in the baseline (not compared, they pass): {', '.join(new)}")
+
+
+def _append_text(path: Path, text: str) -> None:
+    """GitHub's step summary file is shared by the job's steps: add to it, never replace it."""
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(text)

@@ -1,0 +1,219 @@
+"""Session reports CI reads: the JSON report (``--tfmem-report``) and the Markdown summary.
+
+The JSON report is a contract; its schema (documented in the README) is::
+
+    {
+      "format": "pytest-tfmem-report",
+      "version": 1,
+      "created": "2026-01-31T12:00:00+00:00",
+      "pytest_tfmem": "0.1.0",
+      "exitstatus": 1,
+      "environment": {"python": "3.11", "tensorflow": "2.21.0", ...},
+      "baseline": {"path": "tfmem-baseline.json", "tolerance": "10%+16MB"} or null,
+      "summary": {"tests": 3, "passed": 2, "failed": 1, "over_budget": 0,
+                  "regressions": 1, "improvements": 0, "not_in_baseline": 1},
+      "tests": [<TestRecord.to_dict()>, ...]    # sorted by node id
+    }
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.summary import summary_rows
+from pytest_tfmem.gates.compare import (
+    IMPROVEMENT,
+    NEW,
+    REGRESSION,
+    Comparison,
+    comparisons_from_record,
+    overall_status,
+)
+from pytest_tfmem.units import format_size
+
+FORMAT = "pytest-tfmem-report"
+VERSION = 1
+
+
+class ReportError(Exception):
+    """A report file that cannot be used; the message names the file and the problem."""
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        super().__init__(f"report file {str(path)!r}: {problem}")
+
+
+@dataclass
+class SessionReport:
+    """Every measured test of one session, and what they were compared with."""
+
+    tests: list[TestRecord]
+    environment: dict[str, Any] = field(default_factory=dict)
+    baseline: dict[str, str] | None = None
+    exitstatus: int | None = None
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": self.created,
+            "pytest_tfmem": self.version,
+            "exitstatus": self.exitstatus,
+            "environment": self.environment,
+            "baseline": self.baseline,
+            "summary": summary_counts(self.tests),
+            "tests": [record.to_dict() for record in sorted(self.tests, key=lambda r: r.nodeid)],
+        }
+
+
+def baseline_status(record: TestRecord) -> str | None:
+    """The test's comparison with the baseline (``compare.REGRESSION`` ...), ``None`` if not compared."""
+    comparisons = comparisons_from_record(record)
+    return overall_status(comparisons) if comparisons else None
+
+
+def summary_counts(records: Sequence[TestRecord]) -> dict[str, int]:
+    statuses = [baseline_status(record) for record in records]
+    return {
+        "tests": len(records),
+        "passed": sum(record.outcome == "passed" for record in records),
+        "failed": sum(record.outcome == "failed" for record in records),
+        "over_budget": sum(any(v.check == "budget" for v in record.failed_verdicts) for record in records),
+        "regressions": statuses.count(REGRESSION),
+        "improvements": statuses.count(IMPROVEMENT),
+        "not_in_baseline": statuses.count(NEW),
+    }
+
+
+def write_report(report: SessionReport, path: str | Path) -> None:
+    write_text_atomic(path, json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def load_report(path: str | Path) -> SessionReport:
+    """Read and validate a JSON report; raises ``ReportError`` naming the file and the problem."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ReportError(path, "no such file (write one with pytest --tfmem-report=PATH)") from None
+    except UnicodeDecodeError:
+        raise ReportError(path, "not a text file (it is not UTF-8): not a pytest-tfmem report") from None
+    except OSError as error:
+        raise ReportError(path, f"cannot be read ({error.strerror or error})") from None
+    if not text.strip():
+        raise ReportError(path, "the file is empty: not a pytest-tfmem report")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ReportError(path, f"not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ReportError(path, f'not a pytest-tfmem report (expected a JSON object with "format": "{FORMAT}")')
+    if data.get("version") != VERSION:
+        raise ReportError(
+            path,
+            f"report format version {data.get('version')!r} is not supported "
+            f"(this pytest-tfmem reads version {VERSION})",
+        )
+    tests = data.get("tests")
+    if not isinstance(tests, list):
+        raise ReportError(path, '"tests" must be a list of test records')
+    records = []
+    for index, test in enumerate(tests):
+        try:
+            records.append(TestRecord.from_dict(test))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            why = f"{type(error).__name__}: {error}"
+            raise ReportError(path, f"test #{index + 1} is not a valid test record ({why})") from None
+    recorded = data.get("environment")
+    environment: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
+    return SessionReport(
+        tests=records,
+        environment=environment,
+        baseline=data.get("baseline"),
+        exitstatus=data.get("exitstatus"),
+        created=data.get("created", ""),
+        version=data.get("pytest_tfmem"),
+    )
+
+
+# Tables shared by the terminal, the ``tfmem`` command and Markdown.
+
+
+def comparison_rows(comparisons: Sequence[Comparison]) -> list[list[str]]:
+    """Header plus one row per comparison: test, what, baseline, now, change, tolerance, status."""
+    rows = [["test", "what", "baseline", "now", "change", "tolerance", "status"]]
+    for c in comparisons:
+        change = "-"
+        if c.change is not None:
+            percent = c.change_percent
+            change = format_size(c.change, signed=True) + ("" if percent is None else f" ({percent:+.1f}%)")
+        rows.append(
+            [c.nodeid, c.label, format_size(c.baseline), format_size(c.current), change, str(c.tolerance), c.status]
+        )
+    return rows
+
+
+def sort_comparisons(comparisons: Sequence[Comparison]) -> list[Comparison]:
+    """Regressions first (largest growth first), then improvements, new tests, the rest."""
+    order = {REGRESSION: 0, IMPROVEMENT: 1, NEW: 2}
+    return sorted(comparisons, key=lambda c: (order.get(c.status, 3), -(c.change or 0), c.nodeid))
+
+
+def markdown_table(rows: list[list[str]]) -> list[str]:
+    """A GitHub-flavoured Markdown table; the first column left-aligned, the rest right-aligned."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    header, *body = rows
+    lines = ["| " + " | ".join(cell(c) for c in header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
+    return lines
+
+
+def counts_sentence(counts: dict[str, int], *, compared: bool) -> str:
+    """``3 tests measured: 1 over budget, 1 regression, 0 improvements, 1 not in the baseline``."""
+    parts = [f"{counts['over_budget']} over budget"]
+    if compared:
+        parts += [
+            f"{counts['regressions']} regression{'s' if counts['regressions'] != 1 else ''} beyond tolerance",
+            f"{counts['improvements']} improvement{'s' if counts['improvements'] != 1 else ''} beyond tolerance",
+            f"{counts['not_in_baseline']} not in the baseline",
+        ]
+    return f"{counts['tests']} test{'s' if counts['tests'] != 1 else ''} measured: " + ", ".join(parts)
+
+
+def comparison_markdown(comparisons: Sequence[Comparison], *, title: str, notes: Sequence[str] = ()) -> str:
+    """Markdown for a PR comment: a status line, notes, the tests that moved beyond tolerance."""
+    statuses = [c.status for c in comparisons]
+    moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
+    lines = [f"### {title}", ""]
+    lines.append(
+        f"{statuses.count(REGRESSION)} regression(s), {statuses.count(IMPROVEMENT)} improvement(s) beyond "
+        f"tolerance, {statuses.count(NEW)} not in the baseline, out of {len(comparisons)} compared figure(s)."
+    )
+    lines += [""] + [f"> {note}" for note in notes] + ([""] if notes else [])
+    if moved:
+        lines += markdown_table(comparison_rows(moved))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def session_markdown(records: Sequence[TestRecord], *, top: int, notes: Sequence[str] = ()) -> str:
+    """The step summary of a pytest session: counts, moved tests, the heaviest tests."""
+    counts = summary_counts(records)
+    comparisons = [c for record in records for c in comparisons_from_record(record)]
+    moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
+    lines = ["### pytest-tfmem: memory per test", "", counts_sentence(counts, compared=bool(comparisons)) + ".", ""]
+    lines += [f"> {note}" for note in notes] + ([""] if notes else [])
+    if moved:
+        lines += ["Beyond tolerance of the baseline:", "", *markdown_table(comparison_rows(moved)), ""]
+    if records:
+        lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(summary_rows(records, top))]
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,355 @@
+"""GPU and device memory: GPU budgets, TensorFlow's GPU set-up, NVML views, OOM as a failure.
+
+- ``--tfmem-gpu-budget`` / ``tfmem(gpu_budget=...)``: a test's peak GPU memory need, read
+  from TensorFlow's GPU allocators (``tf:GPU:N`` views) or, without them (PyTorch, CuPy),
+  from NVML (``nvml:N``). GPU views never count towards the host ``peak``.
+- Once any GPU option is given (on the command line or in the ini file; see
+  ``gpu_options_given``), ``TF_FORCE_GPU_ALLOW_GROWTH=true`` is set when pytest starts, the
+  earliest moment, so TensorFlow takes GPU memory as needed instead of nearly all of it, and
+  NVML's numbers mean something; the session header says so. ``--tfmem-gpu-memory-growth=false``
+  leaves the variable alone, and so does a value the user set. Without a GPU option the
+  environment is not touched. The variable also works together with a memory limit, which
+  ``set_memory_growth`` does not.
+- ``--tfmem-gpu-limit``: a logical device memory limit on every GPU, set through the
+  ``pytest_tfmem_configure_tensorflow`` hook before TensorFlow initialises its devices.
+  If it has already initialised them, a ``TfmemDeviceWarning`` says the setting was not applied.
+- A ``tf.errors.ResourceExhaustedError`` escaping a measured test becomes a
+  ``DeviceOutOfMemory`` failure naming device, allocator, tensor, limit and peak (``oom.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Generator, MutableMapping
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core import manager as core, oom, settings
+from pytest_tfmem.core.measure import TRACKER_PROVIDERS, Measurement, PeakTracker
+from pytest_tfmem.core.record import TestRecord, republish
+from pytest_tfmem.core.verdict import Verdict, view_label
+from pytest_tfmem.errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
+from pytest_tfmem.probes import tf as tf_probe
+from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
+from pytest_tfmem.units import SIZE_FORMS, format_size
+
+PLUGIN_NAME = "tfmem-gpu"
+GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
+CHECK = "gpu_budget"
+EXTRA = "gpu"  # the record's section: NVML devices and problems
+
+
+class TfmemDeviceWarning(pytest.PytestWarning):
+    """A device setting (GPU memory limit, memory growth) could not be applied."""
+
+
+FAILURE_BY_CHECK[CHECK] = GpuBudgetExceeded
+settings.MARKER_KEYWORDS["gpu_budget"] = settings.parse_optional_size
+
+
+def parse_interval(value: object, what: str) -> float:
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        seconds = -1.0
+    if isinstance(value, bool) or not 0 <= seconds <= 60:
+        raise ValueError(f"invalid {what} {value!r}: expected seconds between 0 and 60, e.g. 0.01 (0: no sampling)")
+    return seconds
+
+
+GPU_BUDGET = settings.Option(
+    "gpu_budget",
+    f"peak GPU memory budget for every test (TF GPU allocators, else NVML); {SIZE_FORMS}",
+    settings.parse_optional_size,
+)
+GPU_LIMIT = settings.Option(
+    "gpu_limit",
+    "make TensorFlow refuse GPU memory past this size on each GPU (a logical device memory limit, "
+    f"set before TF initialises its GPUs); {SIZE_FORMS}",
+    settings.parse_optional_size,
+)
+GPU_MEMORY_GROWTH = settings.Option(
+    "gpu_memory_growth",
+    f"let TensorFlow take GPU memory as needed rather than nearly all at start ({GROWTH_VARIABLE}=true "
+    "unless already set; default true once a GPU option is given, else the environment is left alone)",
+    settings.parse_bool,
+    True,
+)
+NVML_INTERVAL = settings.Option(
+    "nvml_interval",
+    "seconds between NVML readings of GPU memory while tests run; 0 reads only at each test's start "
+    "and end (default 0.05)",
+    parse_interval,
+    0.05,
+)
+OPTIONS = [GPU_BUDGET, GPU_LIMIT, GPU_MEMORY_GROWTH, NVML_INTERVAL]  # each one a "GPU option"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, OPTIONS)
+
+
+@pytest.hookimpl(trylast=True)  # after the core registered its manager
+def pytest_configure(config: pytest.Config) -> None:
+    devices = TfmemGpu(config)
+    config.pluginmanager.register(devices, PLUGIN_NAME)
+    if devices.budget is not None or devices.limit is not None:
+        core.manager(config).measure_every_test = True
+
+
+# -- checks --------------------------------------------------------------------------------
+
+
+def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
+    """A ``tf.errors.ResourceExhaustedError`` from the test, as a verdict (unless the test expects it)."""
+    tf = tf_probe.loaded_tensorflow()
+    if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
+        return None
+    devices = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    limit = devices.applied_limit if isinstance(devices, TfmemGpu) else None
+    found = oom.parse_oom(_tf_message(error))
+    record.extra[oom.CHECK] = oom.record_section(found, limit)
+    return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, None))
+
+
+def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
+    """``(view, increase)`` a GPU budget reads: TF's GPU allocators, else NVML's per-GPU views."""
+    for prefix in ("tf:GPU", "nvml:"):
+        views = [(v.view, v.increase) for v in measurement.views if v.view.startswith(prefix)]
+        if views:
+            return views
+    return []
+
+
+def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | None:
+    """``GPU peak 2.3 GiB > GPU budget 2.0 GiB (TF GPU:0 allocator 2.3 GiB)``; ``None``
+    without a budget or without any GPU view (no GPU: nothing to check)."""
+    if budget is None:
+        return None
+    views = gpu_views(measurement)
+    if not views:
+        return None
+    peak = max(increase for _, increase in views)
+    relation = ">" if peak > budget else "<="
+    labels = ", ".join(f"{view_label(name)} {format_size(increase)}" for name, increase in views)
+    message = f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})"
+    return Verdict(CHECK, peak <= budget, message)
+
+
+# -- TensorFlow's device set-up ------------------------------------------------------------
+
+
+def apply_gpu_limit(tf: ModuleType, runtime_started: bool, limit: int) -> str:
+    """Set ``limit`` (bytes) as a logical device memory limit on every GPU TensorFlow sees.
+
+    Returns ``""`` when applied, else why not (for a warning). TensorFlow takes the limit
+    in MiB; it is rounded down, to at least 1 MiB.
+    """
+    option = f"--tfmem-gpu-limit={format_size(limit)}"
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return f"{option} not applied: TensorFlow sees no GPU"
+    if runtime_started:
+        return (
+            f"{option} not applied: TensorFlow had already initialised its GPUs (something ran a TF op "
+            "before the first test, e.g. at import of a test module or conftest.py)"
+        )
+    limit_mib = max(1, limit // 2**20)
+    try:
+        for gpu in gpus:
+            tf.config.set_logical_device_configuration(
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
+            )
+    except (RuntimeError, ValueError) as error:
+        return f"{option} not applied: TensorFlow refused it: {error}"
+    return ""
+
+
+def enable_memory_growth(environ: MutableMapping[str, str]) -> bool:
+    """Set ``TF_FORCE_GPU_ALLOW_GROWTH=true`` unless the user set it; True if tfmem set it."""
+    if GROWTH_VARIABLE in environ:
+        return False
+    environ[GROWTH_VARIABLE] = "true"
+    return True
+
+
+def gpu_options_given(config: pytest.Config) -> list[str]:
+    """The GPU options given, as written (``--tfmem-gpu-budget`` or ini ``tfmem_gpu_budget``)."""
+    given = []
+    for option in OPTIONS:
+        if settings.read_option(config, option)[1]:
+            on_command_line = config.getoption(option.ini, default=None) is not None
+            given.append(option.cli if on_command_line else f"ini {option.ini}")
+    return given
+
+
+def held_to_gpu_budgets(records: list[TestRecord]) -> bool:
+    """A test was held to a GPU budget (its marker's, or an option's), checked or not."""
+    return any(
+        any(v.check == CHECK for v in r.verdicts) or "unchecked_gpu_budget" in r.extra.get(EXTRA, {}) for r in records
+    )
+
+
+def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str], *, views_note: bool = True) -> list[str]:
+    """Lines under the summary table: why there are no NVML (or no GPU) views (with
+    ``views_note``), NVML's problems, GPU budgets that had nothing to check."""
+    notes = []
+    views = {v.view for r in records if r.measurement for v in r.measurement.views}
+    if views_note and not any(view.startswith("nvml:") for view in views):
+        what = "NVML views" if any(view.startswith("tf:GPU") for view in views) else "GPU views"
+        notes.append(f"no {what}: {nvml_reason()}")
+    notes += sorted({problem for r in records for problem in r.extra.get(EXTRA, {}).get("problems", ())})
+    unchecked = [r for r in records if "unchecked_gpu_budget" in r.extra.get(EXTRA, {})]
+    if unchecked:
+        notes.append(f"GPU budget not checked in {len(unchecked)} test(s): no GPU memory view")
+    return notes
+
+
+def _tf_message(error: BaseException) -> str:
+    return str(getattr(error, "message", error))
+
+
+def _expects(item: pytest.Item, error: BaseException) -> bool:
+    """The test is marked ``xfail(raises=...)`` with this error's type: leave it as it is."""
+    for mark in item.iter_markers("xfail"):
+        raises = mark.kwargs.get("raises")
+        if raises is not None and isinstance(error, raises):
+            return True
+    return False
+
+
+class TfmemGpu:
+    """Per-session state: GPU settings, the NVML session and sampler, notes for the summary."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
+        self.budget: int | None = values["gpu_budget"]
+        self.limit: int | None = values["gpu_limit"]
+        self.interval: float = values["nvml_interval"]
+        self.applied_limit: int | None = None
+        # GPU settings only when a GPU option asks for them: otherwise the environment is left alone.
+        self.options_given = gpu_options_given(config)
+        wants_growth = bool(self.options_given) and values["gpu_memory_growth"]
+        self.set_growth = wants_growth and enable_memory_growth(os.environ)
+        # Memory growth is read when TF initialises its GPUs: too late if that already happened.
+        self.growth_too_late = self.set_growth and tf_probe.runtime_started()
+        self.nvml: Nvml | None = None
+        self.nvml_note = ""
+        self._nvml_trackers: list[PeakTracker] | None = None
+        self._sampler: NvmlSampler | None = None
+        TRACKER_PROVIDERS.append(self.nvml_trackers)
+
+    # -- NVML ----------------------------------------------------------------------------
+    def nvml_trackers(self) -> list[PeakTracker]:
+        """The NVML trackers of every window (opened at the first one, then the same ones)."""
+        if self._nvml_trackers is None:
+            self.nvml, self.nvml_note = Nvml.open()
+            sources = process_sources(self.nvml) if self.nvml is not None else []
+            self._nvml_trackers = [PeakTracker(source) for source in sources]
+            if sources and self.interval > 0:
+                self._sampler = NvmlSampler(sources, self.interval).start()
+        return self._nvml_trackers
+
+    def _nvml_section(self) -> dict[str, Any]:
+        if self.nvml is None:
+            return {}
+        section: dict[str, Any] = {}
+        try:
+            section["devices"] = [dataclasses.asdict(device) for device in self.nvml.devices()]
+        except self.nvml.error as error:
+            section["problems"] = [f"NVML could not read the GPUs: {error}"]
+        problems = [problem for t in self._nvml_trackers or () if (problem := getattr(t.source, "problem", ""))]
+        if problems:
+            section.setdefault("problems", []).extend(problems)
+        return section
+
+    # -- hooks ---------------------------------------------------------------------------
+    def pytest_report_header(self) -> list[str]:
+        if not self.set_growth:
+            return []
+        return [f"tfmem: {GROWTH_VARIABLE}=true set (GPU option given: {', '.join(self.options_given)})"]
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
+        if self.limit is not None:
+            core.manager(self.config).prepare_tensorflow()
+
+    def pytest_tfmem_configure_tensorflow(self, config: pytest.Config, tf: ModuleType, runtime_started: bool) -> None:
+        problems = []
+        if self.limit is not None:
+            problem = apply_gpu_limit(tf, runtime_started, self.limit)
+            if problem:
+                problems.append(problem)
+            else:
+                self.applied_limit = self.limit
+        if self.growth_too_late and tf.config.list_physical_devices("GPU"):
+            problems.append(
+                f"GPU memory growth not turned on: TensorFlow had initialised its GPUs before pytest-tfmem "
+                f"started (set {GROWTH_VARIABLE}=true in the environment, or --tfmem-gpu-memory-growth=false)"
+            )
+        for problem in problems:
+            warnings.warn(TfmemDeviceWarning(f"pytest-tfmem: {problem}"), stacklevel=2)
+
+    def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
+        arguments = item.stash.get(core.ARGUMENTS, {})
+        budget = arguments.get("gpu_budget", self.budget)  # the marker's None exempts
+        assert record.measurement is not None
+        section = self._nvml_section()
+        if budget is not None and not gpu_views(record.measurement):
+            section["unchecked_gpu_budget"] = budget
+        if section:
+            record.extra[EXTRA] = section
+        return check_gpu_budget(record.measurement, budget)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the core's measurement
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """A ``ResourceExhaustedError`` from a measured test function becomes a ``DeviceOutOfMemory``
+        (a ``unittest.TestCase`` method keeps TF's error; its tfmem section has the verdict)."""
+        try:
+            return (yield)
+        except Exception as error:
+            record = item.stash.get(core.RECORD, None)
+            verdict = next((v for v in record.verdicts if v.check == oom.CHECK), None) if record else None
+            if record is None or verdict is None:
+                raise
+            trace = record.extra.get("trace", {}).get("shown_directory")
+            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, self.applied_limit, trace)
+            record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
+            republish(item, record)
+            failure = DeviceOutOfMemory(message)
+            failure.tf_error = error  # the message already quotes it: no chained traceback
+            raise failure from None
+
+    @pytest.hookimpl(trylast=True)  # below the core's table
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        records = core.manager(self.config).records
+        if not records:
+            return
+        views_note = bool(self.options_given) or held_to_gpu_budgets(records)
+        for line in summary_notes(records, self._nvml_reason, views_note=views_note):
+            terminalreporter.write_line(f"tfmem: {line}")
+
+    def _nvml_reason(self) -> str:
+        """Why NVML gave no view; a controller under xdist measured nothing, so it asks now."""
+        if self._nvml_trackers is None:
+            nvml, self.nvml_note = Nvml.open()
+            if nvml is not None:
+                nvml.close()
+                self.nvml_note = f"NVML sees {nvml.device_count} GPU(s) but no test was measured on them"
+        return self.nvml_note or "NVML sees no GPU"
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+        if self.nvml_trackers in TRACKER_PROVIDERS:
+            TRACKER_PROVIDERS.remove(self.nvml_trackers)
+        if self.set_growth:
+            os.environ.pop(GROWTH_VARIABLE, None)

@@ -1,0 +1,6 @@
+"""Isolation: a test run in a child process under a memory watchdog (``kill_at``), so a test that
+blows memory becomes an explained failure instead of a "Killed" session."""
+
+from pytest_tfmem.errors import IsolatedTestDied, KilledAtLimit, KilledBySignal
+
+__all__ = ["IsolatedTestDied", "KilledAtLimit", "KilledBySignal"]

@@ -1,0 +1,190 @@
+"""The isolated interpreter: ``python -m pytest_tfmem.isolate.child SPEC.json`` runs one test.
+
+The parent (``isolate.py``) writes a spec: the session's own command-line arguments, the test
+to run and where to write. The child runs ``pytest.main`` with those arguments, so the
+rootdir, ini file, conftest files, plugins and options are the same as the parent's, then
+narrows collection to the one test. Settings that make no sense for a single test in a
+child (distributing with xdist, the debugger, selection by ``-k``/``-m``/``--lf``, writing
+the session's JUnit file) are switched off.
+
+Everything the parent needs travels through a JSON-lines file, one line per event, written
+as it happens, so the parent knows how far the test got even when the child is killed:
+``report`` (each test report, serialised by pytest's own hook), ``call`` and ``call_end``
+(RSS when the test body starts, the process's peak RSS when it ends), ``warning``,
+``collect_error``, ``not_collected`` and ``finished``. Other tfmem plugins tell an isolated
+test's process by ``IN_CHILD`` in ``config.stash``: session-wide outputs are the parent's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Generator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core import settings
+from pytest_tfmem.probes import host
+
+IN_CHILD = pytest.StashKey["ChildSpec"]()
+_PR_SET_PDEATHSIG = 1
+
+# Options set in the child whatever the session's command line says (when the option exists).
+_SINGLE_TEST_OPTIONS: dict[str, Any] = {
+    "numprocesses": None,  # pytest-xdist: no workers of its own
+    "maxprocesses": None,
+    "dist": "no",
+    "looponfail": False,
+    "usepdb": False,  # no debugger: nobody is at the child's terminal
+    "trace": False,
+    "lf": False,  # selection: the child runs exactly the test it was given
+    "failedfirst": False,
+    "newfirst": False,
+    "stepwise": False,
+    "stepwise_skip": False,
+    "keyword": "",
+    "markexpr": "",
+    "xmlpath": None,  # the session's JUnit XML file is the parent's to write
+}
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """What the parent asks of the child."""
+
+    args: list[str]  # the session's command-line arguments
+    nodeid: str  # the test to run
+    target: str  # the argument that collects it: "<absolute path>::<name>"
+    events: str  # JSON-lines file the child writes its events to
+    basetemp: str  # the child's own --basetemp, inside the parent's
+    parent_pid: int  # the child dies with this process
+    trace_session: str | None = None  # the parent's trace session directory name, when it may trace
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> ChildSpec:
+        return cls(**json.loads(path.read_text()))
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """The child's events; a line cut short by a kill is dropped."""
+    events = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    return events
+
+
+class ChildRun:
+    """The plugin that turns a pytest run in the child into a run of one test."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.config: pytest.Config | None = None
+        # Open for the whole run (closed at session finish), line-buffered: each event
+        # reaches the file as it is written, so a kill loses nothing already written.
+        self._events = open(spec.events, "a", buffering=1)  # noqa: SIM115
+
+    def _write(self, event: dict[str, Any]) -> None:
+        self._events.write(json.dumps(event) + "\n")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_cmdline_main(self, config: pytest.Config) -> None:
+        config.stash[IN_CHILD] = self.spec
+        for name, value in _SINGLE_TEST_OPTIONS.items():
+            if hasattr(config.option, name):
+                setattr(config.option, name, value)
+        config.option.basetemp = self.spec.basetemp
+        config.args = [self.spec.target]
+        self.config = config
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self._write({"event": "collect_error", "nodeid": report.nodeid, "text": report.longreprtext})
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        selected = [item for item in items if item.nodeid == self.spec.nodeid]
+        deselected = [item for item in items if item.nodeid != self.spec.nodeid]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+        for item in selected:
+            item.add_marker(settings.MARKER)  # an isolated test is always measured
+        if not selected:
+            self._write({"event": "not_collected", "collected": [item.nodeid for item in deselected]})
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        self._write({"event": "call", "rss": host.current_rss(), "time": time.time()})
+        try:
+            return (yield)
+        finally:
+            # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
+            # start of the test body: the process's exact peak over the body. (Not ru_maxrss:
+            # it starts from the parent's size, copied at fork, and no reset lowers it.)
+            peak = host._read_status_kib("VmHWM")["VmHWM"]
+            self._write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid == self.spec.nodeid and self.config is not None:
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+            self._write({"event": "report", "report": data})
+
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: object) -> None:
+        if nodeid != self.spec.nodeid:
+            return
+        category = warning_message.category
+        self._write(
+            {
+                "event": "warning",
+                "message": str(warning_message.message),
+                "category": f"{category.__module__}.{category.__qualname__}",
+                "filename": warning_message.filename,
+                "lineno": warning_message.lineno,
+            }
+        )
+
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        self._write({"event": "finished", "exitstatus": int(exitstatus)})
+        self._events.close()
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``),
+    so an isolated test never outlives a session that was killed."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    spec = ChildSpec.read(Path(arguments[0]))
+    die_with_parent(spec.parent_pid)
+    return int(pytest.main(spec.args, plugins=[ChildRun(spec)]))
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this copy's: run as ``-m``, this file is
+    # ``__main__``, and its ``IN_CHILD`` key would not be the one the plugins look for.
+    from pytest_tfmem.isolate.child import main as child_main
+
+    sys.exit(child_main())

@@ -1,0 +1,295 @@
+"""Isolated runs: a test in a fresh interpreter, watched, killed at ``kill_at``, reported here.
+
+An isolated test runs in a new Python process (spawned, never forked: TensorFlow is not
+fork-safe) started with the session's own arguments (``child.py``), so plugins, fixtures,
+markers and options are the same. Its reports come back serialised by pytest's own hooks
+and are logged as this item's reports: the terminal, JUnit XML, pytest-xdist and tfmem's
+own summary see an ordinary test. Meanwhile a ``Watchdog`` samples the child's process
+tree and kills it at ``kill_at``. A child that dies before reporting (killed at the limit,
+or by a signal tfmem did not send: SIGKILL from the OOM killer, SIGSEGV, SIGABRT) fails
+that test with the signal, the readings and the memory available; the session goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core.summary import render_table
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
+from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
+from pytest_tfmem.isolate.results import (
+    add_isolated_numbers,
+    complete,
+    death_message,
+    isolated_rows,
+    isolated_section,
+    output_excerpt,
+    reissue_warnings,
+    sampled_measurement,
+)
+from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
+from pytest_tfmem.probes import system
+from pytest_tfmem.trace.plugin import PLUGIN_NAME as TRACE_PLUGIN
+from pytest_tfmem.units import SIZE_FORMS, format_size
+
+PLUGIN_NAME = "tfmem-isolation"
+WATCH_INTERVAL_S = 0.02
+OUTPUT_LINES = 30
+
+ISOLATE = settings.Option(
+    "isolate",
+    "run each test in a fresh Python process, watched by tfmem (marker: isolate=True)",
+    settings.parse_bool,
+    False,
+    flag=True,
+)
+KILL_AT = settings.Option(
+    "kill_at",
+    "kill an isolated test's process tree when its resident memory reaches this size; a test "
+    f"with a kill_at runs isolated; {SIZE_FORMS}",
+    settings.parse_optional_size,
+)
+settings.MARKER_KEYWORDS["isolate"] = settings.parse_bool
+settings.MARKER_KEYWORDS["kill_at"] = settings.parse_optional_size
+
+
+FAILURE_BY_CHECK.update({"kill_at": KilledAtLimit, "signal": KilledBySignal, "died": IsolatedTestDied})
+
+
+class MemoryLimitWarning(pytest.PytestWarning):
+    """A budget or ``kill_at`` above the memory limit that applies: the OOM killer comes first."""
+
+
+@dataclass(frozen=True)
+class IsolationPolicy:
+    kill_at: int | None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, [ISOLATE, KILL_AT])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if IN_CHILD in config.stash:
+        return
+    isolation = TfmemIsolation(config)
+    config.pluginmanager.register(isolation, PLUGIN_NAME)
+    if not hasattr(config, "workerinput"):
+        isolation.warn_about_global_limits()
+
+
+def target_argument(item: pytest.Item) -> str:
+    """The command-line argument that collects exactly this item, from any directory."""
+    _, separator, name = item.nodeid.partition("::")
+    return f"{item.path}{separator}{name}"
+
+
+class TfmemIsolation:
+    """Runs isolated tests in child processes; warns about limits; lists isolated tests."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.isolate = settings.read_option(config, ISOLATE)[0]
+        self.kill_at = settings.read_option(config, KILL_AT)[0]
+        self.limit = system.applicable_memory_limit()
+        self.isolated_records: list[TestRecord] = []
+
+    # -- policy and warnings --------------------------------------------------------------
+
+    def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
+        """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
+        arguments = item.stash.get(core.ARGUMENTS, {})
+        kill_at = arguments.get("kill_at", self.kill_at)
+        isolate = arguments.get("isolate", self.isolate or kill_at is not None)
+        return IsolationPolicy(kill_at) if isolate else None
+
+    def _above_limit(self, what: str, size: int | None) -> str | None:
+        if size is None or size <= self.limit.bytes:
+            return None
+        return (
+            f"pytest-tfmem: {what} {format_size(size)} is above the memory limit that applies, "
+            f"{format_size(self.limit.bytes)} ({self.limit.source}): the kernel's OOM killer would act first"
+        )
+
+    def warn_about_global_limits(self) -> None:
+        budget = settings.read_option(self.config, settings.BUDGET)[0]
+        for what, size in (("--tfmem-budget", budget), ("--tfmem-kill-at", self.kill_at)):
+            message = self._above_limit(what, size)
+            if message:
+                self.config.issue_config_time_warning(MemoryLimitWarning(message), stacklevel=2)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            arguments = item.stash.get(core.ARGUMENTS, {})
+            for keyword in ("budget", "kill_at"):
+                message = self._above_limit(f"tfmem marker argument {keyword}", arguments.get(keyword))
+                if message:
+                    item.warn(MemoryLimitWarning(message))
+            if arguments.get("isolate") is False and (arguments.get("kill_at") or self.kill_at):
+                item.warn(MemoryLimitWarning("pytest-tfmem: isolate=False: kill_at is not enforced for this test"))
+
+    # -- the isolated protocol -----------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        policy = self.policy_for(item)
+        if policy is None or self.config.getoption("setuponly", False) or self.config.getoption("setupplan", False):
+            return None
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for report in self.run_isolated(item, policy):
+            ihook.pytest_runtest_logreport(report=report)
+        self._teardown_parent_fixtures(item, nextitem)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def _teardown_parent_fixtures(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
+        """Finish this process's fixtures the next test no longer needs, as pytest's own
+        teardown phase would; an error there is reported as this test's teardown error."""
+        if item.session.shouldfail or item.session.shouldstop:
+            nextitem = None
+        call = pytest.CallInfo.from_call(
+            lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown"
+        )
+        if call.excinfo is not None:
+            item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
+
+    def _workdir(self) -> Path:
+        factory = getattr(self.config, "_tmp_path_factory", None)
+        if factory is not None:
+            return factory.mktemp("tfmem-isolated", numbered=True)
+        return Path(tempfile.mkdtemp(prefix="tfmem-isolated-"))
+
+    def run_isolated(self, item: pytest.Item, policy: IsolationPolicy) -> list[pytest.TestReport]:
+        """Run the test in a child process; return its reports as this process's reports."""
+        workdir = self._workdir()
+        spec = ChildSpec(
+            args=list(self.config.invocation_params.args),
+            nodeid=item.nodeid,
+            target=target_argument(item),
+            events=str(workdir / "events.jsonl"),
+            basetemp=str(workdir / "basetemp"),
+            parent_pid=os.getpid(),
+            trace_session=_trace_session(self.config, item),
+        )
+        spec.write(workdir / "spec.json")
+        with open(workdir / "output.log", "wb") as output:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_tfmem.isolate.child", str(workdir / "spec.json")],
+                cwd=self.config.invocation_params.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
+            result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
+        events = read_events(Path(spec.events))
+        reissue_warnings(events)
+        reports = [
+            self.config.hook.pytest_report_from_serializable(config=self.config, data=event["report"])
+            for event in events
+            if event["event"] == "report"
+        ]
+        for report in reports:
+            if isinstance(report.longrepr, list):  # a skip's (path, line, reason), listified by JSON
+                report.longrepr = tuple(report.longrepr)
+        isolated = isolated_section(result, events, reports)
+        for report in reports:
+            add_isolated_numbers(report, isolated)
+        if not complete(reports):
+            # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
+            # before reporting usually does (Python's fault report, an error message).
+            sigkilled = result.returncode == -signal.SIGKILL
+            excerpt = "" if sigkilled else output_excerpt(workdir / "output.log", OUTPUT_LINES)
+            reports += self._died_reports(item, policy, reports, events, result, isolated, excerpt)
+        return reports
+
+    def _died_reports(
+        self,
+        item: pytest.Item,
+        policy: IsolationPolicy,
+        reports: list[pytest.TestReport],
+        events: list[dict[str, Any]],
+        result: WatchResult,
+        isolated: dict[str, Any],
+        output: str,
+    ) -> list[pytest.TestReport]:
+        """A failure report for the phase the child died in, and an empty teardown after it."""
+        phases = {report.when: report for report in reports}
+        phase: Literal["setup", "call", "teardown"]
+        if "setup" not in phases:
+            phase = "setup"
+        elif phases["setup"].passed and "call" not in phases:
+            phase = "call"
+        else:
+            phase = "teardown"
+        check, message = death_message(policy.kill_at, events, result, self.limit)
+        record = TestRecord(
+            item.nodeid,
+            sampled_measurement(result, isolated["call_start_rss"], WATCH_INTERVAL_S),
+            budget=core.manager(self.config).budget_for(item),
+            verdicts=[Verdict(check, False, message)],
+            extra={"isolated": isolated},
+        )
+        failure = FAILURE_BY_CHECK[check](message)
+
+        def raise_failure() -> None:
+            raise failure
+
+        _evaluate_xfail(item)
+        item.stash[core.RECORD] = record  # the core adds its section to the call report
+        item.user_properties.extend(record.user_properties())  # reports made from the item carry it
+        item.user_properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
+        report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))
+        report.duration = result.elapsed_s  # the child's whole run: the phase's own share is unknown
+        if output:
+            report.sections.append(("isolated process output", output))
+        died = [report]
+        if phase != "teardown":
+            teardown = pytest.CallInfo.from_call(lambda: None, "teardown")
+            died.append(item.ihook.pytest_runtest_makereport(item=item, call=teardown))
+        return died
+
+    # -- the summary of isolated tests ------------------------------------------------------
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        record = record_from_report(report)
+        if record is not None and "isolated" in record.extra:
+            self.isolated_records.append(record)
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.isolated_records:
+            return
+        terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
+        for line in render_table(isolated_rows(self.isolated_records)):
+            terminalreporter.write_line(line)
+
+
+def _trace_session(config: pytest.Config, item: pytest.Item) -> str | None:
+    """Where the child writes a trace of the test: this session's trace directory (if it may trace)."""
+    tracing = config.pluginmanager.get_plugin(TRACE_PLUGIN)
+    return tracing.session_for_child(item) if tracing is not None else None
+
+
+def _evaluate_xfail(item: pytest.Item) -> None:
+    """Let ``@pytest.mark.xfail(raises=KilledAtLimit)`` apply to a report made here, as it
+    would have in the child (pytest evaluates xfail marks during set-up, which ran there)."""
+    from _pytest import skipping  # no public API for this
+
+    item.stash[skipping.xfailed_key] = skipping.evaluate_xfail_marks(item)

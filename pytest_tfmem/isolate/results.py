@@ -1,0 +1,184 @@
+"""What an isolated run leaves behind, turned into numbers, messages and reports' extras.
+
+The child's events (``child.py``) and the watchdog's ``WatchResult`` become the record's
+``extra["isolated"]`` section, the failure message of a child that died, the child's
+warnings issued again here, and the rows of the terminal's table of isolated tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core.measure import Measurement, ViewReading
+from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
+from pytest_tfmem.isolate.watchdog import WatchResult, describe_signal, downsample
+from pytest_tfmem.probes.system import MemoryLimit
+from pytest_tfmem.units import format_size
+
+
+def isolated_rows(records: list[TestRecord]) -> list[list[str]]:
+    """test, in-process method's peak, the child's peak increase, its absolute peak, wall time, result."""
+    rows = [["test", "peak (views)", "process peak increase", "process peak", "child wall", "result"]]
+    for record in records:
+        isolated = record.extra["isolated"]
+        rows.append(
+            [
+                record.nodeid,
+                format_size(record.measurement.peak) if record.measurement else "-",
+                format_size(isolated.get("process_peak_increase")),
+                format_size(isolated["process_peak"]),
+                f"{isolated['wall_s']:.2f} s",
+                isolated.get("death") or record.outcome or "",
+            ]
+        )
+    return rows
+
+
+def complete(reports: list[pytest.TestReport]) -> bool:
+    return any(report.when == "teardown" for report in reports)
+
+
+def isolated_section(
+    result: WatchResult, events: list[dict[str, Any]], reports: list[pytest.TestReport]
+) -> dict[str, Any]:
+    """The numbers of an isolated run that go into the record's ``extra["isolated"]``.
+
+    ``process_peak`` is the child's peak RSS over the test body, exact: the kernel's
+    high-water mark (reset when the body starts) read when the body ends, folded with the
+    record's own host peak, which survives resets by nested ``tfmem.measure()`` windows.
+    For a child that died it is the higher of the child's high-water mark as the watchdog
+    last read it (exact up to that reading, start-up included) and the tree's sampled peak.
+    """
+    call = next((event for event in events if event["event"] == "call"), None)
+    call_end = next((event for event in events if event["event"] == "call_end"), None)
+    call_start_rss = call["rss"] if call else None
+    host_peak = 0
+    for report in reports:
+        record = record_from_report(report) if report.when == "call" else None
+        host_view = record.measurement.view("host") if record and record.measurement else None
+        if host_view is not None:
+            host_peak = host_view.peak
+            call_start_rss = host_view.start  # exact, taken after freed memory was released
+    if call_end is not None:
+        process_peak = max(call_end["peak_rss"], host_peak)
+    else:
+        process_peak = max(result.child_peak_rss, result.peak_rss)
+    death = None
+    if result.killed_at_limit:
+        death = "killed at kill_at"
+    elif result.signal is not None:
+        death = f"killed by {result.signal.name}"
+    return {
+        "process_peak": process_peak,
+        "call_start_rss": call_start_rss,
+        "process_peak_increase": None if call_start_rss is None else max(0, process_peak - call_start_rss),
+        "tree_peak_sampled": result.peak_rss,
+        "tree_last_sampled": result.last_rss,
+        "wall_s": round(result.elapsed_s, 3),
+        "kill_at": result.kill_at,
+        "returncode": result.returncode,
+        "death": death,
+        "timeline": [[round(t, 3), rss] for t, rss in downsample(result.timeline, 200)],
+    }
+
+
+def add_isolated_numbers(report: pytest.TestReport, isolated: dict[str, Any]) -> None:
+    """Add the isolated run's numbers to the record the child attached to a report (the
+    call and teardown reports carry it), and a section to the call report."""
+    properties: list[tuple[str, object]] = []
+    for name, value in report.user_properties:
+        if name == PROPERTY and isinstance(value, str):
+            data = json.loads(value)
+            data["extra"]["isolated"] = isolated
+            value = json.dumps(data, sort_keys=True)
+        properties.append((name, value))
+        if name == PROPERTY:
+            properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
+    report.user_properties = properties
+    if report.when != "call":
+        return
+    increase = format_size(isolated["process_peak_increase"])
+    report.sections.append(
+        (
+            "tfmem isolated",
+            (
+                f"child process peak RSS {format_size(isolated['process_peak'])} ({increase} above its "
+                f"level when the test body started); child wall time {isolated['wall_s']:.2f} s"
+            ),
+        )
+    )
+
+
+def sampled_measurement(result: WatchResult, call_start_rss: int | None, interval_s: float) -> Measurement | None:
+    """What the watchdog saw of a test that died: sampled, so not exact."""
+    if call_start_rss is None or not result.timeline:
+        return None
+    peak = max(result.peak_rss, result.child_peak_rss)
+    view = ViewReading("host", call_start_rss, max(peak, call_start_rss), result.last_rss)
+    note = f"the test died: its process tree was sampled every {interval_s * 1000:.0f} ms by the watchdog"
+    return Measurement((view,), result.elapsed_s, exact=False, notes=(note,))
+
+
+def reissue_warnings(events: list[dict[str, Any]]) -> None:
+    """Warnings the child recorded for the test, issued again here so the summary shows them."""
+    for event in events:
+        if event["event"] != "warning":
+            continue
+        category = warning_category(event["category"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn_explicit(event["message"], category, event["filename"], event["lineno"])
+
+
+def warning_category(qualified_name: str) -> type[Warning]:
+    module_name, _, name = qualified_name.rpartition(".")
+    module = sys.modules.get(module_name)
+    category = getattr(module, name, None)
+    return category if isinstance(category, type) and issubclass(category, Warning) else UserWarning
+
+
+def output_excerpt(path: Path, lines: int) -> str:
+    """The child's last output lines; from a crash, the start of Python's fault report
+    (``Fatal Python error``: the failing thread's innermost frames come first)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    fatal = next((i for i, line in enumerate(text) if "Fatal Python error" in line), None)
+    if fatal is None:
+        return "\n".join(text[-lines:])
+    text[fatal] = text[fatal][text[fatal].index("Fatal Python error") :]
+    return "\n".join(text[fatal : fatal + lines])
+
+
+def death_message(
+    kill_at: int | None, events: list[dict[str, Any]], result: WatchResult, limit: MemoryLimit
+) -> tuple[str, str]:
+    """The failed check (``kill_at``, ``signal`` or ``died``) and the message for a child
+    that ended before reporting its test."""
+    available = (
+        f"available memory at the last reading: {format_size(result.available)} of "
+        f"{format_size(limit.bytes)} ({limit.source})"
+    )
+    readings = "\n".join(result.summary_lines())
+    if result.killed_at_limit:
+        assert kill_at is not None
+        head = (
+            f"tfmem: killed at kill_at {format_size(kill_at)}: the isolated test's process tree "
+            f"reached {format_size(result.last_rss)} after {result.elapsed_s:.2f} s"
+        )
+        return "kill_at", f"{head}\n{readings}\n{available}"
+    if result.signal is not None:
+        return "signal", f"tfmem: the isolated test's process was {describe_signal(result)}\n{readings}\n{available}"
+    problems = [event["text"] for event in events if event["event"] == "collect_error"]
+    if any(event["event"] == "not_collected" for event in events):
+        problems.append("the isolated process did not collect this test")
+    detail = "\n".join(problems)
+    head = f"tfmem: the isolated test's process exited with code {result.returncode} before reporting the test"
+    return "died", "\n".join(part for part in (head, detail, readings) if part)

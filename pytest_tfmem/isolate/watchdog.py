@@ -1,0 +1,221 @@
+"""Watch a child process and its descendants; kill the tree at a hard memory limit.
+
+The watcher samples the tree's resident memory (the child plus every process it started)
+every ``interval_s`` from a thread, while the calling thread waits for the child. With each
+sample it also reads the child's own high-water mark (``VmHWM`` in ``/proc/PID/status``),
+which the kernel keeps exactly, spikes between two samples included. (``ru_maxrss`` from
+``wait4`` would not do: it starts from the parent's size, copied at fork and kept by exec.)
+When a reading reaches ``kill_at`` the tree is sent SIGKILL at once: a process that
+allocates fast can still overshoot the limit by what it allocates within one interval.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from pytest_tfmem.probes import system
+from pytest_tfmem.probes.host import RssSampler
+from pytest_tfmem.units import format_size
+
+# How often the list of descendants is refreshed; their memory is read at every sample.
+_TREE_REFRESH_S = 0.5
+
+SIGNAL_CAUSES = {
+    signal.SIGKILL: "likely the kernel's OOM killer (out of memory); SIGKILL cannot be caught",
+    signal.SIGSEGV: "segmentation fault: invalid memory access in native code",
+    signal.SIGABRT: "abort: a native library (or an assertion) called abort()",
+    signal.SIGBUS: "bus error: invalid memory access in native code",
+    signal.SIGTERM: "terminated from outside",
+}
+
+
+@dataclass
+class WatchResult:
+    """How the child ended and what its tree's memory did meanwhile (bytes, seconds)."""
+
+    returncode: int
+    kill_at: int | None
+    killed_at_limit: bool  # the watchdog sent the SIGKILL
+    last_rss: int  # process tree RSS at the last sample
+    peak_rss: int  # highest sampled process tree RSS
+    child_peak_rss: int  # the child's own high-water mark, exact, as last read (0 if never read)
+    elapsed_s: float
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    oom_kills: int | None = None  # OOM kills in this cgroup while the child ran, if known
+    available: int = 0  # memory still available on the machine (or cgroup) at the last reading
+
+    @property
+    def signal(self) -> signal.Signals | None:
+        return signal.Signals(-self.returncode) if self.returncode < 0 else None
+
+    def summary_lines(self) -> list[str]:
+        """Readings a failure message shows: last, peak, elapsed, timeline."""
+        lines = [
+            (
+                f"process tree RSS: last {format_size(self.last_rss)}, peak {format_size(self.peak_rss)} "
+                f"(sampled); the child's own peak {format_size(self.child_peak_rss)} (kernel high-water mark); "
+                f"after {self.elapsed_s:.2f} s"
+            ),
+        ]
+        if self.timeline:
+            points = ", ".join(f"{t:.2f}s {format_size(rss)}" for t, rss in downsample(self.timeline, 12))
+            lines.append(f"timeline: {points}")
+        return lines
+
+
+def describe_signal(result: WatchResult) -> str:
+    """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``."""
+    sig = result.signal
+    assert sig is not None
+    cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
+    if sig == signal.SIGKILL and result.oom_kills:
+        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {result.oom_kills})"
+    elif sig == signal.SIGKILL and result.oom_kills == 0:
+        cause = (
+            "SIGKILL is what the kernel's OOM killer sends when memory runs out, but this cgroup's "
+            "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"
+        )
+    return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
+
+
+def read_high_water_mark(pid: int) -> int | None:
+    """A process's peak RSS since it started or last reset it (``VmHWM``), in bytes."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None  # gone, or a zombie (no memory left to describe)
+
+
+def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
+    """At most ``points`` samples, keeping each bucket's highest reading and the last one."""
+    if len(timeline) <= points:
+        return list(timeline)
+    size = -(-len(timeline) // (points - 1))
+    kept = [max(timeline[i : i + size], key=lambda sample: sample[1]) for i in range(0, len(timeline) - 1, size)]
+    return kept if kept[-1] == timeline[-1] else [*kept, timeline[-1]]
+
+
+class ProcessTreeRss:
+    """Resident memory of a process plus its descendants.
+
+    Finding descendants scans every process on the machine (milliseconds), so the list is
+    refreshed every ``refresh_s``; their memory is read at every ``read`` (microseconds).
+    """
+
+    def __init__(self, pid: int, refresh_s: float = _TREE_REFRESH_S) -> None:
+        self.pid = pid
+        self.refresh_s = refresh_s
+        self._root = RssSampler(pid=pid)  # used for its read(): this process alone
+        self.descendants: list[psutil.Process] = []
+        self._refreshed = float("-inf")
+
+    def refresh(self) -> None:
+        try:
+            self.descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        self._refreshed = time.monotonic()
+
+    def read(self) -> int:
+        """The tree's RSS in bytes; raises ``psutil.Error`` once the root process is gone."""
+        if time.monotonic() - self._refreshed >= self.refresh_s:
+            self.refresh()
+        rss = self._root.read()
+        for process in self.descendants:
+            try:
+                rss += process.memory_info().rss
+            except psutil.Error:
+                pass
+        return rss
+
+
+class Watchdog:
+    """Sample a child's process tree, kill it at ``kill_at``, wait for it to end."""
+
+    def __init__(self, process: subprocess.Popen, kill_at: int | None, interval_s: float = 0.02) -> None:
+        self.process = process
+        self.kill_at = kill_at
+        self.interval_s = interval_s
+        self.killed_at_limit = False
+        self._tree = ProcessTreeRss(process.pid)
+        self._available = system.available_memory()
+        self._available_read = time.monotonic()
+        self._timeline: list[tuple[float, int]] = []
+        self._child_peak = 0
+        self._done = threading.Event()
+        self._t0 = time.monotonic()
+
+    def _kill_tree(self) -> None:
+        self._tree.refresh()
+        try:  # os.kill: Popen.send_signal would poll() from this thread while the other waits
+            os.kill(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.kill_descendants()
+
+    def kill_descendants(self) -> None:
+        """SIGKILL what the child started (left running when the child died)."""
+        for process in self._tree.descendants:
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            try:
+                rss = self._tree.read()
+            except psutil.Error:  # the child has exited
+                return
+            self._child_peak = max(self._child_peak, read_high_water_mark(self.process.pid) or 0)
+            if time.monotonic() - self._available_read >= _TREE_REFRESH_S:
+                self._available, self._available_read = system.available_memory(), time.monotonic()
+            self._timeline.append((time.monotonic() - self._t0, rss))
+            if self.kill_at is not None and rss >= self.kill_at and not self.killed_at_limit:
+                self.killed_at_limit = True
+                self._kill_tree()
+                return
+            self._done.wait(self.interval_s)
+
+    def wait(self) -> WatchResult:
+        """Block until the child has ended; reap it and return what was seen."""
+        oom_before = system.oom_kill_count()
+        watcher = threading.Thread(target=self._watch, name="tfmem-watchdog", daemon=True)
+        watcher.start()
+        try:
+            self.process.wait()
+        except BaseException:  # interrupted (Ctrl-C): the child must not outlive the wait
+            self._done.set()
+            self._kill_tree()
+            self.process.wait()
+            raise
+        elapsed = time.monotonic() - self._t0
+        self._done.set()
+        watcher.join()
+        if self.process.returncode < 0:
+            self.kill_descendants()
+        oom_after = system.oom_kill_count()
+        timeline = self._timeline
+        return WatchResult(
+            returncode=self.process.returncode,
+            kill_at=self.kill_at,
+            killed_at_limit=self.killed_at_limit and self.process.returncode == -signal.SIGKILL,
+            last_rss=timeline[-1][1] if timeline else 0,
+            peak_rss=max((rss for _, rss in timeline), default=0),
+            child_peak_rss=self._child_peak,
+            elapsed_s=elapsed,
+            timeline=timeline,
+            oom_kills=None if oom_before is None or oom_after is None else oom_after - oom_before,
+            available=self._available,
+        )

@@ -1,0 +1,340 @@
+"""Crash-safe results: a journal of the session, written while it runs.
+
+When the whole pytest process is killed (the OOM killer's SIGKILL, a CI timeout), nothing
+written at the end of the session exists. The journal is appended to as the session goes,
+one JSON object per line:
+
+- ``session``: the first line; the session's id, pid, start time, rootdir and arguments;
+- ``start``: a test began (with the process tree's RSS at that moment);
+- ``reading``: the running test's process tree RSS now and its sampled peak so far, every
+  second, and at once when the peak has grown by 10% (at least 16 MiB) since the last
+  reading written;
+- ``finish``: a test ended: outcome, duration, the failure's first line, its tfmem record;
+- ``end``: the session ended, with its exit status.
+
+Each line is one ``write`` to a file opened for appending, so lines of several processes
+(pytest-xdist workers) never mix, and a kill loses at most the line being written: once
+written, a line is in the kernel's page cache and outlives the process. Against the whole
+machine going down, ``finish`` and ``end`` lines are also synced to disk (``fsync``), at
+most once a second (a sync costs milliseconds; after every test it would slow a suite of
+small tests down). The
+previous session's journal is kept beside it (``results.previous.jsonl``). ``tfmem last``
+reads the journal (``journal_reader.py``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from pytest_tfmem import tfmemdir
+from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core.record import record_from_report
+from pytest_tfmem.isolate.child import IN_CHILD
+from pytest_tfmem.isolate.watchdog import ProcessTreeRss
+
+PLUGIN_NAME = "tfmem-journal"
+DEFAULT_PATH = Path(tfmemdir.DIRECTORY) / "results.jsonl"
+SAMPLE_INTERVAL_S = 0.1
+SYNC_INTERVAL_S = 1.0
+WRITE_INTERVAL_S = 1.0
+# A sampled peak this much above the last one written is written at once.
+GROWTH_TO_WRITE = 0.10
+GROWTH_TO_WRITE_BYTES = 16 * 2**20
+_SESSION_KEY = "tfmem_session"
+
+
+def parse_path(value: object, what: str) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ValueError(f"invalid {what} {value!r}: expected a file path")
+    return text
+
+
+RESULTS = settings.Option(
+    "results",
+    "the crash-safe results journal, written as tests run (default .tfmem/results.jsonl in the "
+    "rootdir); `tfmem last` reads it",
+    parse_path,
+)
+
+
+def previous_path(path: Path) -> Path:
+    """Where the previous session's journal is kept: ``results.previous.jsonl``."""
+    return path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
+@contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock shared by every process writing into ``directory`` (flock)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def _first_entry(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as journal:
+            return json.loads(journal.readline())
+    except (OSError, ValueError):
+        return {}
+
+
+class JournalFile:
+    """Appends entries to one session's journal; the first writer of a session starts the
+    file (keeping the previous session's as ``*.previous.jsonl``), later writers append."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.header = header
+        self._descriptor: int | None = None
+        self._synced = float("-inf")
+
+    def open(self) -> None:
+        tfmemdir.make_directory(self.path.parent)
+        with _directory_lock(self.path.parent):
+            if _first_entry(self.path).get("session") != self.header["session"]:
+                if self.path.exists():
+                    os.replace(self.path, previous_path(self.path))
+                write_text_atomic(self.path, json.dumps(self.header) + "\n")
+            self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def append(self, entry: dict[str, Any], *, sync: bool = False) -> None:
+        """Append one line; with ``sync``, also flush it to disk if the last sync is a second old."""
+        if self._descriptor is None:
+            return
+        entry = {"session": self.header["session"], "time": round(time.time(), 3), **entry}
+        os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
+        if sync and time.monotonic() - self._synced >= SYNC_INTERVAL_S:
+            os.fsync(self._descriptor)
+            self._synced = time.monotonic()
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+
+@dataclass
+class _RunningTest:
+    nodeid: str
+    started: float
+    peak: int = 0
+    written_peak: int = 0
+    written_at: float = 0.0
+
+
+class ReadingsThread:
+    """Samples the process tree (this process and its children, e.g. an isolated test)
+    while a test runs, and writes readings to the journal."""
+
+    def __init__(self, journal: JournalFile, worker: str | None) -> None:
+        self.journal = journal
+        self.worker = worker
+        self._reader = ProcessTreeRss(os.getpid(), refresh_s=WRITE_INTERVAL_S)
+        self._lock = threading.Lock()
+        self._running: _RunningTest | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tfmem-journal-readings", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def begin(self, nodeid: str) -> int:
+        rss = self._reader.read()
+        with self._lock:
+            now = time.monotonic()
+            self._running = _RunningTest(nodeid, now, peak=rss, written_peak=rss, written_at=now)
+        return rss
+
+    def end(self) -> int | None:
+        with self._lock:
+            running, self._running = self._running, None
+        return running.peak if running else None
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            try:
+                rss = self._reader.read()
+            except psutil.Error:
+                continue
+            with self._lock:
+                running = self._running
+                if running is None:
+                    continue
+                running.peak = max(running.peak, rss)
+                now = time.monotonic()
+                grown = running.peak - running.written_peak > max(
+                    GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
+                )
+                if not grown and now - running.written_at < WRITE_INTERVAL_S:
+                    continue
+                running.written_peak, running.written_at = running.peak, now
+                entry = {
+                    "event": "reading",
+                    "worker": self.worker,
+                    "nodeid": running.nodeid,
+                    "elapsed_s": round(now - running.started, 3),
+                    "rss": rss,
+                    "peak": running.peak,
+                }
+            self.journal.append(entry)
+
+
+@dataclass
+class _TestOutcome:
+    reports: list[pytest.TestReport] = field(default_factory=list)
+
+    def outcome(self) -> str:
+        for report in self.reports:
+            if report.failed:
+                return "failed" if report.when == "call" else "error"
+        for report in self.reports:
+            if hasattr(report, "wasxfail"):
+                return "xfailed" if report.skipped else "xpassed"
+        if any(report.skipped for report in self.reports):
+            return "skipped"
+        return "passed"
+
+    def message(self) -> str | None:
+        for report in self.reports:
+            if report.failed or report.skipped:
+                crash = getattr(report.longrepr, "reprcrash", None)
+                text = crash.message if crash is not None else report.longreprtext
+                return text.strip().splitlines()[0][:300] if text and text.strip() else None
+        return None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, [RESULTS])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if IN_CHILD not in config.stash:  # an isolated test's parent keeps the journal
+        config.pluginmanager.register(TfmemJournal(config), PLUGIN_NAME)
+
+
+class TfmemJournal:
+    """Keeps the journal of this session: tests are logged by the process that runs them."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        path, self.path_given = settings.read_option(config, RESULTS)
+        # A path on the command line is relative to where pytest was started, like
+        # --junitxml; the ini value and the default are relative to the rootdir.
+        on_command_line = config.getoption(RESULTS.ini, default=None) is not None
+        base = config.invocation_params.dir if on_command_line else config.rootpath
+        self.path = Path(base) / (path or DEFAULT_PATH)
+        workerinput = getattr(config, "workerinput", None)
+        self.worker: str | None = workerinput["workerid"] if workerinput else None
+        if workerinput and _SESSION_KEY in workerinput:
+            self.header = workerinput[_SESSION_KEY]
+        else:
+            process = psutil.Process()
+            self.header = {
+                "event": "session",
+                "session": f"{int(time.time() * 1000):x}-{os.getpid()}",
+                "pid": os.getpid(),
+                "pid_created": process.create_time(),
+                "started": round(time.time(), 3),
+                "rootdir": str(config.rootpath),
+                "args": [str(arg) for arg in config.invocation_params.args],
+            }
+        self.journal: JournalFile | None = None
+        self.readings: ReadingsThread | None = None
+        self._outcomes: dict[str, _TestOutcome] = {}
+
+    def _runs_tests(self) -> bool:
+        return not self.config.pluginmanager.has_plugin("dsession")  # not a pytest-xdist controller
+
+    def _open(self) -> None:
+        journal = JournalFile(self.path, self.header)
+        try:
+            journal.open()
+        except OSError as error:
+            self.config.issue_config_time_warning(
+                pytest.PytestWarning(f"pytest-tfmem: cannot write the results journal {self.path}: {error}"), 2
+            )
+            return
+        self.journal = journal
+        self.readings = ReadingsThread(journal, self.worker)
+        self.readings.start()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: the workers write into this session's journal."""
+        node.workerinput[_SESSION_KEY] = self.header
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        if self.journal is not None or not self._runs_tests():
+            return
+        manager = core.manager(self.config)
+        isolation = self.config.pluginmanager.get_plugin("tfmem-isolation")
+        if self.path_given or any(
+            manager.is_measured(item) or (isolation is not None and isolation.policy_for(item)) for item in items
+        ):
+            self._open()
+
+    @pytest.hookimpl
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        if self.journal is None or self.readings is None:
+            return
+        self._outcomes[nodeid] = _TestOutcome()
+        rss = self.readings.begin(nodeid)
+        self.journal.append({"event": "start", "worker": self.worker, "nodeid": nodeid, "rss": rss})
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid in self._outcomes:
+            self._outcomes[report.nodeid].reports.append(report)
+
+    @pytest.hookimpl
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        if self.journal is None or self.readings is None or nodeid not in self._outcomes:
+            return
+        sampled_peak = self.readings.end()
+        outcome = self._outcomes.pop(nodeid)
+        record = next((record_from_report(r) for r in outcome.reports if r.when == "call"), None)
+        entry = {
+            "event": "finish",
+            "worker": self.worker,
+            "nodeid": nodeid,
+            "outcome": outcome.outcome(),
+            "duration_s": round(sum(report.duration for report in outcome.reports), 3),
+            "sampled_peak": sampled_peak,
+            "message": outcome.message(),
+            "record": record.to_dict() if record is not None else None,
+        }
+        self.journal.append(entry, sync=True)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        if self.readings is not None:
+            self.readings.stop()
+        if self.journal is not None:
+            self.journal.close()
+        if self.worker is None and _first_entry(self.path).get("session") == self.header["session"]:
+            ending = JournalFile(self.path, self.header)
+            ending.open()
+            ending.append({"event": "end", "exitstatus": int(exitstatus)}, sync=True)
+            ending.close()

@@ -1,0 +1,141 @@
+"""Reading the results journal (``journal.py``): what ``tfmem last`` prints.
+
+The journal's last session is told in full: whether it finished (its ``end`` entry), is
+still running (its pytest process is alive) or stopped without finishing; each test started
+and never finished, with its last memory reading; and the tests that finished.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pytest_tfmem.journal.plugin import DEFAULT_PATH, SAMPLE_INTERVAL_S
+from pytest_tfmem.units import format_size
+
+EXIT_FINISHED = 0
+EXIT_DID_NOT_FINISH = 1
+EXIT_NO_RESULTS = 2
+
+
+def find_results(start: Path | None = None) -> Path | None:
+    """The default journal (``.tfmem/results.jsonl``) in ``start`` or its nearest parent."""
+    directory = (start or Path.cwd()).resolve()
+    for candidate in (directory, *directory.parents):
+        if (candidate / DEFAULT_PATH).is_file():
+            return candidate / DEFAULT_PATH
+    return None
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """The journal's entries; a line cut short by a kill is skipped."""
+    entries = []
+    with open(path, encoding="utf-8", errors="replace") as journal:
+        for line in journal:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries
+
+
+def _clock(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def _pid_alive(header: dict[str, Any]) -> bool:
+    """Whether the session's pytest process still runs (same pid, same start: not a reused pid)."""
+    try:
+        process = psutil.Process(header["pid"])
+        same = abs(process.create_time() - header.get("pid_created", 0)) < 1
+        return same and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+def _finished_line(entry: dict[str, Any]) -> str:
+    record = entry.get("record") or {}
+    measurement = record.get("measurement")
+    peak = f"peak {format_size(measurement['peak'])}" if measurement else "peak -"
+    line = f"  {entry.get('outcome', '?'):8} {entry.get('nodeid')}  {peak}  {entry.get('duration_s', 0):.2f} s"
+    if entry.get("message") and entry.get("outcome") not in ("passed", "xpassed"):
+        line += f"  {entry['message']}"
+    return line
+
+
+def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
+    """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
+    0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
+    try:
+        entries = read_journal(path)
+    except OSError as error:
+        return f"tfmem: no results at {path}: {error.strerror or error}", EXIT_NO_RESULTS
+    if not entries or entries[0].get("event") != "session":
+        return f"tfmem: {path} is not a pytest-tfmem results journal", EXIT_NO_RESULTS
+    header = entries[0]
+    session = [entry for entry in entries[1:] if entry.get("session") == header.get("session")]
+    lines = [f"tfmem: results of the pytest session started {_clock(header['started'])} (pid {header['pid']})"]
+    lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
+    end = next((entry for entry in session if entry.get("event") == "end"), None)
+    if end is not None:
+        lines.append(f"  the session finished at {_clock(end['time'])}, exit status {end['exitstatus']}")
+        code = EXIT_FINISHED
+    elif _pid_alive(header):
+        lines.append("  the session is still running")
+        code = EXIT_DID_NOT_FINISH
+    else:
+        lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
+        code = EXIT_DID_NOT_FINISH
+
+    started: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # by (worker, nodeid)
+    readings: dict[tuple[str | None, str | None], dict[str, Any]] = {}
+    finished = []
+    for entry in session:
+        key = (entry.get("worker"), entry.get("nodeid"))
+        if entry.get("event") == "start":
+            started[key] = entry
+            readings.pop(key, None)
+        elif entry.get("event") == "reading" and key in started:
+            readings[key] = entry
+        elif entry.get("event") == "finish":
+            started.pop(key, None)
+            readings.pop(key, None)
+            finished.append(entry)
+
+    last_time = session[-1]["time"] if session else header["started"]
+    if started:
+        lines.append("running when the journal ends:" if end is None else "started but never finished:")
+        for key, start in started.items():
+            worker = f" [{key[0]}]" if key[0] else ""
+            reading = readings.get(key)
+            lines.append(
+                f"  {start['nodeid']}{worker}: started {_clock(start['time'])}, "
+                f"still running {max(0.0, last_time - start['time']):.1f} s later at the journal's last entry"
+            )
+            if reading is not None:
+                growth = format_size(reading["rss"] - start["rss"], signed=True)
+                lines.append(
+                    f"    last reading {format_size(reading['rss'])} ({growth} since the test started) "
+                    f"at {reading['elapsed_s']:.1f} s into the test ({_clock(reading['time'])}); "
+                    f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
+                )
+            else:
+                lines.append(f"    last reading {format_size(start['rss'])} when it started (process tree RSS)")
+    counts: dict[str, int] = {}
+    for entry in finished:
+        counts[entry.get("outcome", "?")] = counts.get(entry.get("outcome", "?"), 0) + 1
+    summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+    lines.append(f"finished: {len(finished)} test(s){': ' + summary if summary else ''}")
+    shown = finished if show_all else finished[-last:]
+    if len(shown) < len(finished):
+        failed = [e for e in finished[: len(finished) - len(shown)] if e.get("outcome") in ("failed", "error")]
+        lines.append(f"  ... {len(finished) - len(shown)} earlier test(s) not shown (--all shows them)")
+        lines += [_finished_line(entry) for entry in failed]
+    lines += [_finished_line(entry) for entry in shown]
+    return "\n".join(lines), code

@@ -1,0 +1,254 @@
+"""Leak checks: run a function repeatedly and decide whether memory grows per iteration.
+
+``leak_check(fn)`` runs ``warmup`` iterations (caches, lazy imports and first traces settle),
+then ``iterations`` measured ones. After each: ``gc.collect()`` and ``malloc_trim(0)``, then
+the level of every memory view (host RSS, each TF allocator's current bytes) is read. The
+growth per iteration is the Theil-Sen slope of each view's levels (the median of the slopes
+between every pair of readings): a few noisy readings cannot move it, a steady leak moves
+every pair. The largest view's slope is compared with ``max_growth``.
+
+Levels are read from the core probes without resetting any peak, so an enclosing measurement
+window (the test's own, ``tfmem.measure()``) still sees the loop's overall peak.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_tfmem.core import measure
+from pytest_tfmem.core.verdict import Verdict, view_label
+from pytest_tfmem.errors import FAILURE_BY_CHECK, TfmemFailure
+from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
+from pytest_tfmem.probes import host
+from pytest_tfmem.units import format_size, parse_size
+
+CHECK = "leak"
+DEFAULT_ITERATIONS = 10
+DEFAULT_WARMUP = 3
+DEFAULT_MAX_GROWTH = "1MB"
+_SHOWN_READINGS = 12
+
+
+class LeakDetected(TfmemFailure):
+    """Memory grew per iteration by more than ``max_growth`` in a leak check."""
+
+
+FAILURE_BY_CHECK[CHECK] = LeakDetected
+
+
+def theil_sen_slope(levels: list[int] | tuple[int, ...]) -> float:
+    """Median of the slopes between every pair of readings (readings one iteration apart)."""
+    if len(levels) < 2:
+        return 0.0
+    return statistics.median(
+        (levels[j] - levels[i]) / (j - i) for i in range(len(levels)) for j in range(i + 1, len(levels))
+    )
+
+
+def check_arguments(iterations: object, warmup: object, max_growth: object) -> tuple[int, int, int]:
+    """Validated ``(iterations, warmup, max_growth in bytes)``; ``ValueError`` names the bad value."""
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 2:
+        raise ValueError(
+            f"invalid iterations {iterations!r}: expected a whole number >= 2 (a slope needs two readings)"
+        )
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"invalid warmup {warmup!r}: expected a whole number >= 0")
+    return iterations, warmup, parse_size(max_growth, what="max_growth")
+
+
+@dataclass(frozen=True)
+class LeakReport:
+    """The result of a leak check: readings, growth per iteration, verdict, diagnosis.
+
+    ``series[view]`` holds the view's level (bytes) after the warmup, then after each measured
+    iteration; ``slopes[view]`` its Theil-Sen growth in bytes per iteration.
+    """
+
+    iterations: int
+    warmup: int
+    max_growth: int
+    series: Mapping[str, tuple[int, ...]]
+    slopes: Mapping[str, float]
+    diagnosis: LeakDiagnosis = field(default_factory=LeakDiagnosis)
+    duration_s: float = 0.0
+
+    @property
+    def growth_per_iteration(self) -> float:
+        """Growth per iteration in bytes: the largest view's robust slope."""
+        return max(self.slopes.values(), default=0.0)
+
+    @property
+    def leaked(self) -> bool:
+        return self.growth_per_iteration > self.max_growth
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict(CHECK, not self.leaked, self.describe())
+
+    def headline(self) -> str:
+        relation = ">" if self.leaked else "<="
+        outcome = "leak" if self.leaked else "no leak"
+        return (
+            f"{outcome}: {format_size(self.growth_per_iteration, signed=True)} per iteration {relation} max_growth "
+            f"{format_size(self.max_growth)} (robust slope over {self.iterations} measured iterations "
+            f"after {self.warmup} warmup)"
+        )
+
+    def rows(self) -> list[tuple[str, str]]:
+        growth = ", ".join(
+            f"{view_label(view)} {format_size(slope, signed=True)}" for view, slope in self.slopes.items()
+        )
+        rows = [("growth per iteration", growth)]
+        rows += self.diagnosis.rows(self.leaked)
+        rows += [(f"{view_label(view)} readings", _readings(levels)) for view, levels in self.series.items()]
+        return rows
+
+    def describe(self) -> str:
+        """The headline, then a small table: growth, what grew every iteration, readings."""
+        rows = self.rows()
+        width = max(len(heading) for heading, _ in rows)
+        return "\n".join([self.headline(), *(f"  {heading.ljust(width)}  {text}" for heading, text in rows)])
+
+    __str__ = describe
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iterations": self.iterations,
+            "warmup": self.warmup,
+            "max_growth": self.max_growth,
+            "growth_per_iteration": self.growth_per_iteration,
+            "leaked": self.leaked,
+            "series": {view: list(levels) for view, levels in self.series.items()},
+            "slopes": dict(self.slopes),
+            "diagnosis": self.diagnosis.to_dict(),
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LeakReport:
+        return cls(
+            iterations=data["iterations"],
+            warmup=data["warmup"],
+            max_growth=data["max_growth"],
+            series={view: tuple(levels) for view, levels in data["series"].items()},
+            slopes=dict(data["slopes"]),
+            diagnosis=LeakDiagnosis.from_dict(data.get("diagnosis", {})),
+            duration_s=data.get("duration_s", 0.0),
+        )
+
+
+def _readings(levels: tuple[int, ...]) -> str:
+    """``612.4 MiB, then +3.9 +7.8 ... MiB``: the level after warmup, then the change since."""
+    changes = [level - levels[0] for level in levels[1:]]
+    unit, factor = ("MiB", 2**20) if max((abs(c) for c in changes), default=0) >= 2**20 else ("KiB", 2**10)
+    shown = [f"{change / factor:+.1f}" for change in changes]
+    if len(shown) > _SHOWN_READINGS:
+        half = _SHOWN_READINGS // 2
+        shown = [*shown[:half], "...", *shown[-half:]]
+    return f"{format_size(levels[0])}, then {' '.join(shown)} {unit}"
+
+
+def leak_check(
+    fn: Callable[[], object],
+    iterations: int = DEFAULT_ITERATIONS,
+    warmup: int = DEFAULT_WARMUP,
+    max_growth: int | str = DEFAULT_MAX_GROWTH,
+) -> LeakReport:
+    """Run ``fn()`` ``warmup`` times, then ``iterations`` measured times; report the growth.
+
+    Raises nothing on a leak (see ``assert_no_leak``); exceptions from ``fn`` propagate.
+    """
+    if not callable(fn):
+        raise TypeError(f"leak_check: expected a function to call repeatedly, got {fn!r}")
+    iterations, warmup, limit = check_arguments(iterations, warmup, max_growth)
+    started = time.perf_counter()
+    for _ in range(warmup):
+        fn()
+
+    # The diagnosis state is alive at every reading, the baseline's included, so its own
+    # memory is an offset, not a trend.
+    tracker = GrowthTracker()
+    with _objects_alive_now_exempt_from_gc(tracker.record_containers):
+        tracker.observe()
+        host.release_freed_memory()
+        series = {view: [level] for view, level in current_levels().items()}
+        tracker.ignore(series, *series.values())
+        for _ in range(iterations):
+            fn()
+            host.release_freed_memory()
+            for view, level in current_levels().items():
+                series.setdefault(view, []).append(level)  # a view that appears late has no baseline
+            tracker.observe()
+
+    complete = {view: tuple(levels) for view, levels in series.items() if len(levels) == iterations + 1}
+    return LeakReport(
+        iterations=iterations,
+        warmup=warmup,
+        max_growth=limit,
+        series=complete,
+        slopes={view: theil_sen_slope(levels) for view, levels in complete.items()},
+        diagnosis=tracker.diagnosis(),
+        duration_s=time.perf_counter() - started,
+    )
+
+
+_running_checks = 0
+
+
+@contextmanager
+def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iterator[None]:
+    """``gc.freeze()`` for the measured iterations, so each ``gc.collect()`` traverses only the
+    objects created since the baseline (a TF process holds ~400k others; a full collection takes
+    a few hundred ms). Objects alive at the baseline are part of every reading either way; garbage
+    among them is collected when the check ends. Object counts then cover new objects only,
+    which is what can grow. What was frozen before (the per-test collector's freeze) is thawed
+    first, so that ``before_freeze`` (which finds the containers that hold what grows) sees every
+    object. A nested check leaves the freeze to the outer one.
+    """
+    global _running_checks
+    if _running_checks:
+        gc.collect()
+        before_freeze()
+        yield
+        return
+    _running_checks += 1
+    gc.unfreeze()
+    gc.collect()
+    before_freeze()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        _running_checks -= 1
+
+
+def current_levels() -> dict[str, int]:
+    """Level of every memory view now (host RSS, each TF allocator), from the core probes.
+
+    Only current levels are read: no peak is reset, so enclosing windows are undisturbed.
+    """
+    return {tracker.source.name: tracker.source.current() for tracker in measure.probes().trackers()}
+
+
+def assert_no_leak(
+    fn: Callable[[], object],
+    iterations: int = DEFAULT_ITERATIONS,
+    warmup: int = DEFAULT_WARMUP,
+    max_growth: int | str = DEFAULT_MAX_GROWTH,
+) -> LeakReport:
+    """Like ``leak_check``, but raise ``LeakDetected`` (with the report's table) on a leak."""
+    report = leak_check(fn, iterations=iterations, warmup=warmup, max_growth=max_growth)
+    raise_if_leaked(report)
+    return report
+
+
+def raise_if_leaked(report: LeakReport) -> None:
+    if report.leaked:
+        raise LeakDetected(f"tfmem: {report.describe()}")

@@ -1,0 +1,370 @@
+"""What piles up between the iterations of a leak check.
+
+``GrowthTracker.observe()`` runs after the baseline and after each measured iteration (after
+``gc.collect()``) and counts gc-visible Python objects by type, the size of TensorFlow's eager
+function library and its functions by name (``tf.function`` traces among them), and Keras's
+name counters. Such a quantity is reported when it rose at *every* step: a cache filled once
+is not a trend. The lengths of lists/dicts/sets/deques are compared once, baseline against
+the end, so a container that gains items (numpy arrays, which gc does not track, included)
+is named with what holds it.
+
+Nothing here imports TensorFlow or Keras: their state is read only once user code loaded them.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from itertools import compress, repeat
+from typing import Any
+
+from pytest_tfmem.leaks.holders import container_label, last_items
+
+_CONTAINERS = (list, dict, set, collections.deque)
+_OWN_MODULE = __name__.rsplit(".", 1)[0]  # "pytest_tfmem": its own bookkeeping is not a leak
+_SHOWN_TYPES = 10
+_NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
+_TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
+_SHOWN_FUNCTIONS = 3
+_TYPE_MODULE = type.__dict__["__module__"]
+_TYPE_QUALNAME = type.__dict__["__qualname__"]
+_SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the first few
+_LAST_RANK = 4  # of _type_rank: builtins
+
+
+@dataclass(frozen=True)
+class Growth:
+    """One quantity that grew at every step: ``label`` grew ``per_iteration`` on average."""
+
+    label: str
+    per_iteration: float
+    start: int
+    end: int
+
+    def signed(self) -> str:
+        return f"+{self.per_iteration:.1f}".removesuffix(".0")
+
+
+@dataclass(frozen=True)
+class LeakDiagnosis:
+    """What grew at every measured iteration. ``function_library`` is ``None`` without TF."""
+
+    types: tuple[Growth, ...] = ()
+    containers: tuple[Growth, ...] = ()
+    function_library: Growth | None = None
+    library_functions: tuple[Growth, ...] = ()  # library names (numbers stripped) that grew
+    keras_names: tuple[Growth, ...] = ()
+    retracing: tuple[Growth, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LeakDiagnosis:
+        def growths(key: str) -> tuple[Growth, ...]:
+            return tuple(Growth(**g) for g in data.get(key, ()))
+
+        library = data.get("function_library")
+        return cls(
+            types=growths("types"),
+            containers=growths("containers"),
+            function_library=Growth(**library) if library else None,
+            library_functions=growths("library_functions"),
+            keras_names=growths("keras_names"),
+            retracing=growths("retracing"),
+        )
+
+    def rows(self, leaked: bool) -> list[tuple[str, str]]:
+        """``(heading, text)`` rows of the report table."""
+        rows = [("growing types", _list_types(self.types, leaked))]
+        if self.containers:
+            rows.append(("growing containers", "; ".join(_describe_container(c) for c in self.containers)))
+        if self.function_library is not None:
+            library = self.function_library
+            growth = library.per_iteration
+            text = f"{library.signed()} functions per iteration" if growth > 0 else "no growth"
+            text += f" ({library.start} -> {library.end})"
+            if self.library_functions:
+                text += ", e.g. " + _list_growths(self.library_functions, _SHOWN_FUNCTIONS, "names")
+            rows.append(("TF function library", text))
+        if self.keras_names:
+            rows.append(("Keras name counters", ", ".join(f"{g.signed()} {g.label}" for g in self.keras_names)))
+        if self.retracing:
+            traces = ", ".join(f"{g.signed()} {g.label}" for g in self.retracing)
+            rows.append(("tf.function traces", f"{traces} per iteration (new traces kept in the library)"))
+        return rows
+
+
+def _list_types(growths: tuple[Growth, ...], leaked: bool) -> str:
+    if not growths:
+        if leaked:
+            return ("none: the growth is not in gc-tracked Python objects (numpy arrays, bytes and str "
+                    "are not tracked) or is outside Python (TensorFlow runtime, C extensions)")
+        return "none"
+    return _list_growths(growths, _SHOWN_TYPES, "types")
+
+
+def _list_growths(growths: tuple[Growth, ...], shown: int, what: str) -> str:
+    listed = ", ".join(f"{g.signed()} {g.label}" for g in growths[:shown])
+    more = len(growths) - shown
+    return f"{listed}, ... ({more} more {what})" if more > 0 else listed
+
+
+def _describe_container(growth: Growth) -> str:
+    return f"{growth.signed()} items per iteration: {growth.label} ({growth.start} -> {growth.end})"
+
+
+class _EveryStep:
+    """Keys whose value rose at every step since the first observation."""
+
+    def __init__(self) -> None:
+        self.first: dict[Any, int] | None = None
+        self.last: dict[Any, int] = {}
+        self.rising: set[Any] | None = None  # None until the first step
+        self.steps = 0
+
+    def observe(self, values: dict[Any, int]) -> None:
+        if self.first is None:
+            self.first = values
+        else:
+            rose = {key for key, value in values.items() if value > self.last.get(key, 0)}
+            self.rising = rose if self.rising is None else self.rising & rose
+            self.first = {key: self.first.get(key, 0) for key in self.rising}  # keep only what matters
+            self.steps += 1
+        self.last = values
+
+    def growths(self) -> dict[Any, tuple[float, int, int]]:
+        """key -> (mean growth per step, first value, last value) for keys that rose at every step."""
+        if not self.rising or self.first is None:
+            return {}
+        return {
+            key: ((self.last[key] - self.first[key]) / self.steps, self.first[key], self.last[key])
+            for key in self.rising
+        }
+
+
+def _type_name(kind: type) -> str:
+    """``module.QualName``; some extension types carry a non-string ``__module__``."""
+    module = _TYPE_MODULE.__get__(kind, type)  # type's own descriptor: bypasses odd metaclasses
+    name = _TYPE_QUALNAME.__get__(kind, type)
+    module = module if isinstance(module, str) else "?"
+    return f"{module}.{name if isinstance(name, str) else kind.__name__}"
+
+
+def _own_types() -> list[type]:
+    """tfmem's own classes: its readings and reports are not the user's leak."""
+    own = []
+    for module_name, module in list(sys.modules.items()):
+        if module_name == _OWN_MODULE or module_name.startswith(_OWN_MODULE + "."):
+            own += [
+                value
+                for value in vars(module).values()
+                if isinstance(value, type) and _type_name(value).startswith(_OWN_MODULE + ".")
+            ]
+    return own
+
+
+def _loaded_classes(*paths: str) -> tuple[type, ...]:
+    """Classes named ``module:attribute`` whose module is already imported (never imports)."""
+    classes = []
+    for path in paths:
+        module_name, attribute = path.split(":")
+        found = getattr(sys.modules.get(module_name), attribute, None)
+        if isinstance(found, type):
+            classes.append(found)
+    return tuple(classes)
+
+
+def _type_rank(kind: type) -> int:
+    """Order growing types so the likely culprits come first: models, layers, TF functions, ..."""
+    tiers = (
+        _loaded_classes("keras:Model", "tf_keras:Model"),
+        _loaded_classes("keras.layers:Layer", "tf_keras.layers:Layer", "keras.optimizers:Optimizer",
+                        "tf_keras.optimizers:Optimizer", "keras:Variable", "tensorflow:Variable"),
+        _loaded_classes(
+            "tensorflow.python.eager.polymorphic_function.polymorphic_function:Function",
+            "tensorflow.python.eager.polymorphic_function.concrete_function:ConcreteFunction",
+            "tensorflow.python.eager.polymorphic_function.atomic_function:AtomicFunction",
+            "tensorflow.python.framework.ops:Graph",
+        ),
+    )
+    for rank, classes in enumerate(tiers):
+        if classes and issubclass(kind, classes):
+            return rank
+    return len(tiers) + _type_name(kind).startswith("builtins.")  # at most _LAST_RANK
+
+
+def function_library_names() -> list[str] | None:
+    """Names of the functions in TF's eager context, or ``None`` before TF's runtime started."""
+    from pytest_tfmem.probes import tf as tf_probe
+
+    if not tf_probe.runtime_started():
+        return None
+    from tensorflow.python.eager import context  # loaded: runtime_started() found TF
+
+    return list(context.context().list_function_names())
+
+
+def function_group(name: str) -> str:
+    """``adam_dense_1_kernel_momentum_cond_true_1163`` -> ``adam_dense_kernel_momentum_cond_true``."""
+    return _NUMBERS.sub("", name)
+
+
+def keras_name_counters() -> dict[str, int]:
+    """Keras's per-prefix name counters (``dense`` -> 12), labelled by the Keras they belong to."""
+    counters: dict[str, int] = {}
+    keras3_state = sys.modules.get("keras.src.backend.common.global_state")
+    if keras3_state is not None:
+        uids = keras3_state.get_global_attribute("object_name_uids") or {}
+        counters.update({f"{prefix} (keras)": count for prefix, count in uids.items()})
+    for module_name in ("tf_keras.src.backend", "keras.src.backend"):  # Keras 2: one counter per graph
+        per_graph = getattr(sys.modules.get(module_name), "PER_GRAPH_OBJECT_NAME_UIDS", None)
+        if per_graph is None:
+            continue
+        keras_name = module_name.split(".")[0]
+        for graph_uids in list(per_graph.values()):
+            for prefix, count in graph_uids.items():
+                key = f"{prefix} ({keras_name})"
+                counters[key] = counters.get(key, 0) + count
+    return counters
+
+
+class GrowthTracker:
+    """Observe the process after the baseline and each measured iteration; diagnose at the end."""
+
+    def __init__(self) -> None:
+        self._types = _EveryStep()
+        self._own_types = set(_own_types())
+        self._container_baseline: dict[int, int] | None = None
+        self._steps = -1  # observations after the baseline
+        self._library: tuple[int, int] | None = None  # (size at first observation, size now)
+        self._library_steps = 0  # observations since the first one that found TF running
+        self._names = _EveryStep()
+        self._functions = _EveryStep()
+        self._ignored: set[int] = set()
+
+    def ignore(self, *containers: object) -> None:
+        """Leave the caller's own growing bookkeeping (reading series) out of the diagnosis."""
+        self._ignored.update(id(container) for container in containers)
+
+    def _own_ids(self) -> set[int]:
+        own = {id(self._ignored), id(self._container_baseline), *self._ignored}
+        for step in (self._types, self._names, self._functions):
+            own.update((id(step.first), id(step.last), id(step.rising)))
+        return own
+
+    def record_containers(self) -> None:
+        """Lengths of every container now, to compare with the end (unchanged in between)."""
+        objects = gc.get_objects()
+        self._container_baseline = _container_lengths(objects, self._own_ids())
+        del objects
+
+    def observe(self) -> None:
+        objects = gc.get_objects()
+        try:
+            self._observe(objects)
+        finally:
+            del objects
+
+    def _observe(self, objects: list[Any]) -> None:
+        # The scans run at C speed (map/compress); a TF process holds ~400k tracked objects.
+        # Keyed by type, named at the end: no new strings per step to fragment the heap.
+        counts = collections.Counter(map(type, objects))
+        for kind in self._own_types:
+            counts.pop(kind, None)
+        self._types.observe(counts)
+
+        self._steps += 1
+        names = function_library_names()
+        if names is not None:
+            if self._library is not None:
+                self._library_steps += 1
+            self._library = (len(names) if self._library is None else self._library[0], len(names))
+            self._functions.observe(collections.Counter(map(function_group, names)))
+        self._names.observe(keras_name_counters())
+
+    def diagnosis(self) -> LeakDiagnosis:
+        type_growth = {_type_name(kind): (kind, growth) for kind, growth in self._types.growths().items()}
+        ranked = sorted(
+            type_growth,
+            key=lambda name: (_type_rank(type_growth[name][0]), type_growth[name][1][0], name),
+        )
+        labels = _short_labels(ranked)
+        growing = dict(self._growing_containers())
+        alive = _objects_by_id(set(growing))
+        containers = sorted(  # what they hold ranks them: models before thread-locals or weakrefs
+            (key for key in growing if key in alive),
+            key=lambda key: (_items_rank(alive[key]), -growing[key][0]),
+        )[:_SHOWN_CONTAINERS]
+        functions = self._functions.growths()
+        library = None
+        if self._library is not None:
+            first, last = self._library
+            library = Growth("TF function library", (last - first) / max(1, self._library_steps), first, last)
+        return LeakDiagnosis(
+            types=tuple(_growth(labels[name], type_growth[name][1]) for name in ranked),
+            containers=tuple(_growth(container_label(alive[key]), growing[key]) for key in containers),
+            function_library=library,
+            keras_names=_by_growth(_growth(key, value) for key, value in self._names.growths().items()),
+            library_functions=_by_growth(
+                _growth(name, value) for name, value in functions.items() if not name.startswith(_TRACE_PREFIX)
+            ),
+            retracing=_by_growth(
+                _growth(name.removeprefix(_TRACE_PREFIX), value)
+                for name, value in functions.items()
+                if name.startswith(_TRACE_PREFIX)
+            ),
+        )
+
+    def _growing_containers(self) -> list[tuple[int, tuple[float, int, int]]]:
+        """``(id, growth)`` of the containers that existed at the baseline and gained at least
+        one item per iteration."""
+        if self._container_baseline is None or self._steps < 1:
+            return []
+        objects = gc.get_objects()
+        now = _container_lengths(objects, self._own_ids())
+        del objects
+        growing = []
+        for key, start in self._container_baseline.items():
+            end = now.get(key, 0)
+            if end - start >= self._steps:
+                growing.append((key, ((end - start) / self._steps, start, end)))
+        return growing
+
+
+def _container_lengths(objects: list[Any], own: set[int]) -> dict[int, int]:
+    """``id -> len`` of every list/dict/set/deque (C-speed scan), leaving out tfmem's own."""
+    containers = compress(objects, map(isinstance, objects, repeat(_CONTAINERS)))
+    lengths = {id(o): len(o) for o in containers}
+    for key in own:
+        lengths.pop(key, None)
+    return lengths
+
+
+def _growth(label: str, value: tuple[float, int, int]) -> Growth:
+    return Growth(label, *value)
+
+
+def _by_growth(growths: Iterable[Growth]) -> tuple[Growth, ...]:
+    return tuple(sorted(growths, key=lambda g: (-g.per_iteration, g.label)))
+
+
+def _short_labels(names: list[str]) -> dict[str, str]:
+    """``keras.src.layers.core.dense.Dense`` -> ``Dense``, unless two growing types share it."""
+    short = {name: name.rsplit(".", 1)[-1] for name in names}
+    clashes = collections.Counter(short.values())
+    return {name: label if clashes[label] == 1 else name for name, label in short.items()}
+
+
+def _objects_by_id(ids: set[int]) -> dict[int, Any]:
+    if not ids:
+        return {}
+    return {id(o): o for o in gc.get_objects() if id(o) in ids}
+
+
+def _items_rank(container: Any) -> int:
+    return min((_type_rank(type(item)) for item in last_items(container)), default=_LAST_RANK)

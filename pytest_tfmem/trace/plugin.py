@@ -1,0 +1,322 @@
+"""TensorBoard traces of failing tests: options, marker keyword and the pytest hooks.
+
+``--tfmem-trace=on-failure`` (the default once TensorFlow is loaded) re-runs a failed
+measured test once, in the same process, under TensorFlow's profiler and a memory timeline
+sampler (see ``rerun``), and keeps the result as a TensorBoard log directory (see
+``tracecapture``, ``tracedirs``). Passing tests pay nothing: no profiler runs and nothing is
+written for them. The verdict stays the untraced run's; the traced run's peak is reported
+beside it. ``always`` traces every measured test's own run (the verdict then includes the
+profiler's own memory, and says so); ``off`` disables tracing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core.record import TestRecord, republish
+from pytest_tfmem.core.rerun import Rerun, RerunResult
+from pytest_tfmem.core.verdict import describe_views
+from pytest_tfmem.isolate.child import IN_CHILD
+from pytest_tfmem.probes import tf as tf_probe
+from pytest_tfmem.trace import dirs as tracedirs
+from pytest_tfmem.trace.capture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
+from pytest_tfmem.units import format_size
+
+ON_FAILURE, ALWAYS, OFF = "on-failure", "always", "off"
+MODES = (ON_FAILURE, ALWAYS, OFF)
+DEFAULT_ROOT = ".tfmem/traces"
+WORKER_SESSION_KEY = "tfmem_trace_session"
+SECTION = "tfmem trace"
+RERUN_LABEL = "TensorBoard trace"  # what a re-run gives this feature, as the report names it
+PLUGIN_NAME = "tfmem-trace"
+# The trace written for a test, on its item, for features that analyse traces (also in the
+# record's ``extra["trace"]``): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
+# (the command), ``traced`` ("rerun" or "run"), ``profiler`` (status), ``profiler_message``,
+# ``profiler_files`` (relative to the directory), ``traced_peak_bytes``, ``traced_views``,
+# ``error`` (how a re-run ended), ``timeline`` (``png``, ``scalars``...), ``notes``.
+# ``tracecapture.update_summary`` adds a section to the directory's ``summary.json``.
+TRACE = pytest.StashKey[dict]()
+
+
+def parse_mode(value: object, what: str) -> str:
+    text = str(value).strip().lower()
+    if isinstance(value, str) and text in MODES:
+        return text
+    raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}")
+
+
+def parse_marker_mode(value: object, what: str) -> str:
+    """The marker also takes ``True`` (``always``) and ``False`` (``off``)."""
+    if isinstance(value, bool):
+        return ALWAYS if value else OFF
+    try:
+        return parse_mode(value, what)
+    except ValueError:
+        raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}, True or False") from None
+
+
+def parse_directory(value: object, what: str) -> Path:
+    text = str(value).strip()
+    if not text or "\0" in text:
+        raise ValueError(f"invalid {what} {value!r}: expected a directory path")
+    return Path(os.path.expanduser(text))
+
+
+TRACE_MODE = settings.Option(
+    "trace",
+    f"{ON_FAILURE}: re-run a failed measured test once under TensorFlow's profiler and keep its "
+    f"trace; {ALWAYS}: trace every measured test; {OFF}. Default {ON_FAILURE} once TensorFlow is loaded",
+    parse_mode,
+)
+TRACE_DIR = settings.Option(
+    "trace_dir", f"where traces go, one folder per session (default {DEFAULT_ROOT} under the rootdir)", parse_directory
+)
+TRACE_KEEP = settings.Option(
+    "trace_keep", "sessions of traces kept in the trace directory; older ones are deleted (default 5)",
+    settings.parse_positive_int, 5,
+)
+TRACE_OPTIONS = [TRACE_MODE, TRACE_DIR, TRACE_KEEP]
+settings.MARKER_KEYWORDS["trace"] = parse_marker_mode
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    mode: str | None  # None: not set, meaning on-failure once TensorFlow is loaded
+    root: Path
+    keep: int
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> TraceSettings:
+        mode, _ = settings.read_option(config, TRACE_MODE)
+        root, _ = settings.read_option(config, TRACE_DIR)
+        keep, _ = settings.read_option(config, TRACE_KEEP)
+        if root is None:
+            root = config.rootpath / DEFAULT_ROOT
+        elif not root.is_absolute():  # a command-line path is relative to where pytest was started
+            from_cli = config.getoption(TRACE_DIR.ini, default=None) is not None
+            root = (config.invocation_params.dir if from_cli else config.rootpath) / root
+        return cls(mode, root, keep)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, TRACE_OPTIONS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(TracePlugin(config), PLUGIN_NAME)
+
+
+class TracePlugin:
+    """Decides which tests to trace, captures them, reports where the traces are."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.settings = TraceSettings.from_config(config)
+        workerinput = getattr(config, "workerinput", None)
+        child = config.stash.get(IN_CHILD, None)
+        # Only the session's main process rotates; xdist workers and the processes of
+        # isolated tests write into the main process's session directory, whose name comes
+        # with their worker input or their child spec (``session_for_child``).
+        self.is_worker = workerinput is not None or child is not None
+        if workerinput is not None and WORKER_SESSION_KEY in workerinput:
+            self.session_name = workerinput[WORKER_SESSION_KEY]
+        elif child is not None and child.trace_session:
+            self.session_name = child.trace_session
+        else:
+            self.session_name = tracedirs.session_name(time.time(), os.getpid())
+
+    def session_for_child(self, item: pytest.Item) -> str | None:
+        """The session directory name for the process of an isolated test, unless the test
+        cannot be traced (its mode is ``off``; ``None`` may still trace once TF is loaded there)."""
+        arguments = item.stash.get(core.ARGUMENTS, {})
+        return None if arguments.get("trace", self.settings.mode) == OFF else self.session_name
+
+    def mode_for(self, item: pytest.Item) -> str:
+        arguments = item.stash.get(core.ARGUMENTS, {})
+        mode = arguments.get("trace", self.settings.mode)
+        if mode is None:
+            return ON_FAILURE if tf_probe.loaded_tensorflow() is not None else OFF
+        return mode
+
+    def _new_directory(self, item: pytest.Item) -> Path | None:
+        """A fresh directory for the item's trace, or ``None`` (with a warning) if none can be made."""
+        details = {
+            "rootdir": str(self.config.rootpath),
+            "pid": os.getpid(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        try:
+            session = tracedirs.prepare_session(self.settings.root, self.session_name, details)
+            return tracedirs.create_unique_dir(session, tracedirs.readable_name(item.nodeid))
+        except OSError as error:
+            item.warn(pytest.PytestWarning(f"pytest-tfmem: no trace for this test: {error}"))
+            return None
+
+    def _shown(self, path: Path) -> str:
+        return tracedirs.display_path(path, self.config.invocation_params.dir)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """``always``: trace the test's own run, outside its measurement."""
+        if not core.manager(self.config).is_measured(item) or self.mode_for(item) != ALWAYS:
+            return (yield)
+        directory = self._new_directory(item)
+        if directory is None:
+            return (yield)
+        capture = None
+        try:
+            with capturing(directory) as capture:
+                return (yield)
+        finally:
+            if capture is not None:
+                _without_hiding_the_outcome(item, lambda: self._finish(item, capture, None))
+
+    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
+        """``on-failure``: a test that failed a tfmem check is traced in its re-run (not one marked
+        ``xfail``: an expected failure is not re-run; trace it with ``always``)."""
+        if self.mode_for(item) == ON_FAILURE and item.get_closest_marker("xfail") is None:
+            return RERUN_LABEL
+        return None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> Generator[None, None, None]:
+        """The re-run under the profiler and the memory timeline."""
+        directory = self._new_directory(item) if RERUN_LABEL in rerun.wanted_by else None
+        if directory is None:
+            return (yield)
+        with capturing(directory) as capture:
+            yield
+        _without_hiding_the_outcome(item, lambda: self._finish(item, capture, rerun.result, rerun.output))
+
+    def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None, output: str = "") -> None:
+        """Write the trace, describe it on the item and its record (which travels to the controller)."""
+        record = item.stash.get(core.RECORD, None)
+        verdict_measurement = record.measurement if record is not None else None
+        measurement = rerun.measurement if rerun is not None else verdict_measurement
+        shown = self._shown(capture.directory)
+        info: dict[str, Any] = {
+            "directory": str(capture.directory),
+            "shown_directory": shown,
+            "tensorboard": tensorboard_command(shown),
+            "traced": "rerun" if rerun is not None else "run",
+            "profiler": capture.profiler.status,
+            "profiler_message": capture.profiler.message,
+            "profiler_files": [str(path.relative_to(capture.directory)) for path in capture.profiler.files],
+            "traced_peak_bytes": measurement.peak if measurement is not None else None,
+            "traced_views": describe_views(measurement) if measurement is not None else None,
+            "error": rerun.error if rerun is not None else None,
+            "timeline": {"png": None, "scalars": []},
+            "notes": [],
+        }
+        if measurement is not None:
+            facts = TraceFacts(
+                nodeid=item.nodeid,
+                how=info["traced"],
+                measurement=measurement,
+                verdict_peak=verdict_measurement.peak if rerun is not None and verdict_measurement else None,
+                budget=record.budget if record is not None else None,
+                verdicts=[v.message for v in record.failed_verdicts] if record is not None else [],
+                error=info["error"],
+                output=output,
+            )
+            try:
+                summary = write_trace(capture, facts)
+                info["notes"], info["timeline"] = summary["notes"], summary["timeline"]
+            except Exception as error:  # never let a trace hide the test's own result
+                info["notes"] = [f"summary not written: {error!r}"]
+        item.stash[TRACE] = info
+        if record is not None:
+            record.extra["trace"] = info
+            republish(item, record)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        info = item.stash.get(TRACE, None)
+        if call.when == "call" and info is not None:
+            report.sections.append((SECTION, "\n".join(section_lines(info))))
+        return report
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: every worker writes into this session's directory."""
+        node.workerinput[WORKER_SESSION_KEY] = self.session_name
+
+    def pytest_sessionfinish(self) -> None:
+        # A session that wrote no trace leaves the trace directory as it found it.
+        if self.is_worker or self.settings.mode == OFF or not (self.settings.root / self.session_name).is_dir():
+            return
+        try:
+            tracedirs.rotate(self.settings.root, self.settings.keep, current=self.session_name)
+        except OSError:  # another session rotating at the same time; the next run tidies up
+            pass
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        traced = [r for r in core.manager(self.config).records if "trace" in r.extra]
+        if not traced:
+            return
+        failing = [r for r in traced if r.outcome == "failed"]
+        session = self.settings.root / self.session_name
+        terminalreporter.write_sep("=", f"tfmem: {len(traced)} TensorBoard trace(s), {len(failing)} of failing tests")
+        for record in failing:
+            terminalreporter.write_line(f"{record.nodeid}  {self._shown(Path(record.extra['trace']['directory']))}")
+        terminalreporter.write_line(f"open them: {tensorboard_command(self._shown(session))}")
+
+
+def section_lines(info: dict[str, Any]) -> list[str]:
+    """The report section: how the trace was made, its numbers, and the command to open it."""
+    directory = Path(info["shown_directory"])
+    if info["traced"] == "rerun":
+        lines = [
+            (
+                "traced: the test was re-run once under the profiler and the memory timeline; "
+                "the verdict above is the untraced run's"
+            )
+        ]
+        ending = f"; it raised {_first_line(info['error'])}" if info["error"] else ""
+        lines.append(f"traced re-run: peak {format_size(info['traced_peak_bytes'])} ({info['traced_views']}){ending}")
+    else:
+        lines = [
+            (
+                "traced: the test's own run, under the profiler and the memory timeline; "
+                "its figures include the profiler's memory"
+            )
+        ]
+    profile = f"profile: {info['profiler_message']}"
+    if info["profiler_files"]:
+        profile += f": {', '.join(info['profiler_files'])}"
+    lines.append(profile)
+    timeline = info["timeline"]
+    if timeline["scalars"] or timeline["png"]:
+        parts = [f"TensorBoard scalars {', '.join(timeline['scalars'])}"] if timeline["scalars"] else []
+        parts += [str(directory / timeline["png"])] if timeline["png"] else []
+        lines.append(f"memory timeline: {'; '.join(parts)}")
+    lines += [f"note: {note}" for note in info["notes"]]
+    lines.append(f"trace directory: {directory}")
+    lines.append(f"open it: {info['tensorboard']}")
+    return lines
+
+
+def _without_hiding_the_outcome(item: pytest.Item, step: Callable[[], None]) -> None:
+    """Run a tracing step; if it fails, warn instead of replacing the test's own outcome."""
+    try:
+        step()
+    except pytest.exit.Exception:
+        raise
+    except Exception as error:
+        item.warn(pytest.PytestWarning(f"pytest-tfmem: the trace of this test is incomplete: {error!r}"))
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
