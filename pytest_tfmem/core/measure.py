@@ -43,6 +43,10 @@ class PeakTracker:
         self.source = source
         self._open: list[_Window] = []
 
+    @property
+    def _sampled_every_s(self) -> float | None:
+        return getattr(self.source, "sampled_every_s", None)
+
     def _fold(self) -> None:
         if self._open:
             seen = self.source.peak()
@@ -60,7 +64,7 @@ class PeakTracker:
     def peek(self, window: _Window) -> ViewReading:
         """The window's reading so far, leaving it open."""
         self._fold()
-        return ViewReading(self.source.name, window.start, window.peak, self.source.current())
+        return ViewReading(self.source.name, window.start, window.peak, self.source.current(), self._sampled_every_s)
 
     def close(self, window: _Window) -> ViewReading:
         reading = self.peek(window)
@@ -74,7 +78,7 @@ class PeakTracker:
         self._fold()
         self.source.reset_peak()
         current = self.source.current()
-        reading = ViewReading(self.source.name, window.start, max(window.peak, current), current)
+        reading = ViewReading(self.source.name, window.start, max(window.peak, current), current, self._sampled_every_s)
         window.start = window.peak = current
         return reading
 
@@ -87,6 +91,9 @@ class ViewReading:
     start: int
     peak: int
     end: int
+    # Seconds between background readings of a source that keeps no peak of its own (NVML); 0
+    # when read only at the window's edges; ``None`` for sources with an exact peak.
+    sampled_every_s: float | None = None
 
     @property
     def increase(self) -> int:
@@ -141,6 +148,14 @@ class Measurement:
         """Largest increase among TensorFlow's GPU allocators, ``None`` without a GPU view."""
         gpus = [v.increase for v in self.views if v.view.startswith("tf:GPU")]
         return max(gpus) if gpus else None
+
+    def gpu_views(self) -> tuple[ViewReading, ...]:
+        """The views a GPU budget reads: TensorFlow's GPU allocators, else NVML's per-GPU views."""
+        for prefix in ("tf:GPU", "nvml:"):
+            views = tuple(v for v in self.views if v.view.startswith(prefix))
+            if views:
+                return views
+        return ()
 
     @property
     def exact_peak(self) -> int:
@@ -262,6 +277,12 @@ class Monitor:
             readings, time.perf_counter() - self._t0, exact, (),
             mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
         )
+        swapped = host.swapped_bytes()
+        if swapped:
+            notes.append(
+                f"{format_size(swapped)} of this process was in swap at the end: the host view counts "
+                "resident memory only, so it may read low by up to that much"
+            )
         if measurement.sampled:
             assert mixed is not None
             notes.append(

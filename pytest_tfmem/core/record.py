@@ -33,6 +33,13 @@ class TestRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by features
     outcome: str | None = None  # filled in from the report
     notes: list[str] = field(default_factory=list)  # shown under the test's tfmem section
+    gpu_budget: int | None = None  # the GPU budget the test was held to, where one applied
+
+    @property
+    def gpu_need(self) -> int | None:
+        """The figure a GPU budget is checked against: the largest GPU view's increase."""
+        views = self.measurement.gpu_views() if self.measurement else ()
+        return max(v.increase for v in views) if views else None
 
     @property
     def failed_verdicts(self) -> list[Verdict]:
@@ -47,6 +54,7 @@ class TestRecord:
             "verdicts": [vars(v) for v in self.verdicts],
             "extra": self.extra,
             "notes": self.notes,
+            "gpu_budget": self.gpu_budget,
         }
 
     @classmethod
@@ -60,6 +68,7 @@ class TestRecord:
             extra=data.get("extra", {}),
             outcome=data.get("outcome"),
             notes=list(data.get("notes", [])),
+            gpu_budget=data.get("gpu_budget"),
         )
 
     def user_properties(self) -> list[tuple[str, object]]:
@@ -71,6 +80,8 @@ class TestRecord:
                 properties.append((f"tfmem_{name}_bytes", view.increase))
         if self.budget is not None:
             properties.append(("tfmem_budget_bytes", self.budget))
+        if self.gpu_budget is not None:
+            properties.append(("tfmem_gpu_budget_bytes", self.gpu_budget))
         return properties
 
 

@@ -118,11 +118,18 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
 
 def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
     """``(view, increase)`` a GPU budget reads: TF's GPU allocators, else NVML's per-GPU views."""
-    for prefix in ("tf:GPU", "nvml:"):
-        views = [(v.view, v.increase) for v in measurement.views if v.view.startswith(prefix)]
-        if views:
-            return views
-    return []
+    return [(v.view, v.increase) for v in measurement.gpu_views()]
+
+
+def sampling_note(measurement: Measurement) -> str:
+    """How often NVML was read, where the GPU figure rests on it (NVML keeps no peak)."""
+    intervals = {v.sampled_every_s for v in measurement.gpu_views() if v.sampled_every_s is not None}
+    if not intervals:
+        return ""
+    interval = max(intervals)
+    if interval == 0:
+        return "NVML read at the test's start and end only: a peak in between is not seen"
+    return f"NVML sampled every {interval * 1000:g} ms: a shorter peak can be missed"
 
 
 def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | None:
@@ -137,7 +144,8 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     relation = ">" if peak > budget else "<="
     labels = ", ".join(f"{view_label(name)} {format_size(increase)}" for name, increase in views)
     message = f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})"
-    return Verdict(CHECK, peak <= budget, message)
+    note = sampling_note(measurement)
+    return Verdict(CHECK, peak <= budget, f"{message}; {note}" if note else message)
 
 
 # -- TensorFlow's device set-up ------------------------------------------------------------
@@ -250,6 +258,8 @@ class TfmemGpu:
         if self._nvml_trackers is None:
             self.nvml, self.nvml_note = Nvml.open()
             sources = process_sources(self.nvml) if self.nvml is not None else []
+            for source in sources:
+                source.sampled_every_s = self.interval
             self._nvml_trackers = [PeakTracker(source) for source in sources]
             if sources and self.interval > 0:
                 self._sampler = NvmlSampler(sources, self.interval).start()
@@ -303,6 +313,8 @@ class TfmemGpu:
         section = self._nvml_section()
         if budget is not None and not gpu_views(record.measurement):
             section["unchecked_gpu_budget"] = budget
+        elif budget is not None:
+            record.gpu_budget = budget
         if section:
             record.extra[EXTRA] = section
         return check_gpu_budget(record.measurement, budget)

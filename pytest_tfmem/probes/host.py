@@ -22,10 +22,10 @@ _STATUS = "/proc/self/status"
 _CLEAR_REFS = "/proc/self/clear_refs"
 
 
-def _read_status_kib(*keys: str) -> dict[str, int]:
+def _read_status_kib(*keys: str, status: str = _STATUS) -> dict[str, int]:
     values: dict[str, int] = {}
-    with open(_STATUS, "rb") as status:
-        for line in status:
+    with open(status, "rb") as lines:
+        for line in lines:
             key, _, rest = line.partition(b":")
             name = key.decode()
             if name in keys:
@@ -75,6 +75,15 @@ def release_freed_memory(collect: Callable[[], object] = gc.collect) -> int:
     if _malloc_trim is not None:
         _malloc_trim(0)
     return max(0, before - current_rss())
+
+
+def swapped_bytes(status: str = _STATUS) -> int:
+    """This process's memory in swap (``VmSwap``; 0 where the kernel does not say). Resident
+    memory, and so the host view, does not count it."""
+    try:
+        return _read_status_kib("VmSwap", status=status).get("VmSwap", 0)
+    except OSError:
+        return 0
 
 
 def kernel_peak_supported() -> bool:

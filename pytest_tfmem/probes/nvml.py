@@ -146,6 +146,8 @@ class GpuProcessMemory:
         self.index = index
         self.name = f"nvml:{index}"
         self.problem = ""
+        # NVML keeps no peak: seconds between background readings (0: read at window edges only)
+        self.sampled_every_s = 0.0
         self._lock = threading.Lock()
         self._last = 0
         self._peak = 0
