@@ -216,3 +216,60 @@ def test_the_arithmetic() -> None:
     assert (none.fitting, none.count) == (0, 1)
     assert "not even one fits" in none.auto_line()
     assert "(not even one fits)" in (none.explicit_warning(1) or "")
+
+
+# Each test holds memory a moment, then dies as the kernel's OOM killer would kill it.
+KILLED_TESTS = """
+import os
+import signal
+import time
+import unittest
+
+import pytest
+
+def _hold_then_die(megabytes):
+    block = bytearray(megabytes * 10**6)  # zero pages: written below so that they count
+    for offset in range(0, len(block), 4096):
+        block[offset] = 1
+    time.sleep(0.5)  # long enough for the journal's readings to see it
+    os.kill(os.getpid(), signal.SIGKILL)
+
+@pytest.mark.tfmem(budget="1GB")
+def test_function():
+    _hold_then_die(150)
+
+class TestCaseStyle(unittest.TestCase):
+    def test_method(self):
+        _hold_then_die(100)
+"""
+
+
+def test_a_killed_worker_is_explained(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(KILLED_TESTS)
+    result = _run(pytester, "-n", "1")
+    result.assert_outcomes(failed=2)
+    for worker, test, held in (("gw0", "test_function", 150), ("gw1", "TestCaseStyle::test_method", 100)):
+        result.stdout.fnmatch_lines(
+            [
+                f"worker '{worker}' crashed while running '*::{test}'",
+                f"tfmem: worker {worker}'s process was killed by SIGKILL (not sent by pytest-tfmem): SIGKILL is "
+                "what the kernel's OOM killer sends when memory runs out, but this cgroup's oom_kill count did "
+                "not change: more likely another process (kill -9, a CI timeout)",
+                "the test's last reading * MiB (+* MiB since the test started) at * s into the test (*); "
+                "peak * MiB (process tree RSS, sampled every 0.1 s) (from the journal)",
+                "memory limit: * (*)",
+            ]
+        )
+        growth = re.search(rf"{worker}'s process was.*\n.*\(\+([\d.]+ MiB) since the test started\)", result.stdout.str())
+        assert growth is not None
+        assert held * 10**6 * 0.9 <= _size(growth.group(1)) < held * 10**6 + 64 * MiB
+
+
+def test_without_tfmem_a_killed_worker_keeps_xdists_words(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(KILLED_TESTS.replace('@pytest.mark.tfmem(budget="1GB")', ""))
+    result = _run(pytester, "-n", "1", "-k", "test_function")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["worker 'gw0' crashed while running '*::test_function'"])
+    assert "tfmem:" not in result.stdout.str()
+    assert "from the journal" not in result.stdout.str()
+    assert not (pytester.path / ".tfmem").exists()
