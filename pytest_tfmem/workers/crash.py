@@ -96,7 +96,7 @@ class CrashAccount:
         lines = [head]
         if self.readings is not None:
             start, reading = self.readings
-            lines.append(f"the test's {last_reading_line(start, reading)} (from the journal)")
+            lines.append(last_reading_line(start, reading))
         else:
             lines.append("no memory readings of the test in the journal")
         lines.append(f"memory limit: {format_size(self.limit.bytes)} ({self.limit.source})")
