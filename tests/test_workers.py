@@ -40,7 +40,7 @@ class TestCaseStyle(unittest.TestCase):
 """
 
 AUTO_LINE = re.compile(
-    r"^-n auto: (?P<count>\d+) workers? \((?P<why>[^)]*)\): (?P<room>[\d.]+ \w+) (?:available|limit less "
+    r"^-n (?:auto|logical): (?P<count>\d+) workers? \((?P<why>[^)]*)\): (?P<room>[\d.]+ \w+) (?:available|limit less "
     r"(?P<controller>[\d.]+ \w+) controller), each worker (?P<baseline>[\d.]+ \w+) \+ (?P<need>[\d.]+ \w+) "
     r"(?P<source>budget|baseline peak) \+ 10% margin = (?P<per_worker>[\d.]+ \w+)$",
     re.MULTILINE,
@@ -97,13 +97,14 @@ def test_auto_starts_as_many_workers_as_fit(pytester: pytest.Pytester, monkeypat
     )
 
 
-def test_one_worker_per_cpu_at_most_and_the_ini_value(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_n_logical_starts_one_worker_per_cpu_at_most_and_the_ini_value(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "2")
     pytester.makeini("[pytest]\ntfmem_workers = fit\n")
     pytester.makepyfile(TESTS.format(small="1MB", large="10MB"))
-    result = _run(pytester, "-n", "auto")
+    result = _run(pytester, "-n", "logical")
     result.assert_outcomes(passed=2)
     line = _auto_line(result)
+    assert line.group(0).startswith("-n logical: 2 workers")
     assert line["count"] == "2"
     assert re.fullmatch(r"one per CPU; \d+ would fit", line["why"])
     assert _created(result) == 2

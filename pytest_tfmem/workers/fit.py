@@ -78,8 +78,8 @@ class WorkerFit:
             f"{self.need.source} + {self.margin:.0%} margin = {format_size(self.per_worker)}"
         )
 
-    def auto_line(self) -> str:
-        """The header's line for ``-n auto``: the count, why it is that count, the arithmetic."""
+    def auto_line(self, mode: str = "auto") -> str:
+        """The header's line for ``-n auto`` (or ``logical``): the count, why that count, the arithmetic."""
         count = self.count
         if self.fitting < 1:
             why = "not even one fits: the workers will likely be killed"
@@ -87,7 +87,7 @@ class WorkerFit:
             why = f"one per CPU; {self.fitting} would fit"
         else:
             why = f"as many as fit; {self.cpus} CPUs"
-        return f"-n auto: {count} worker{'s' if count != 1 else ''} ({why}): {self.arithmetic()}"
+        return f"-n {mode}: {count} worker{'s' if count != 1 else ''} ({why}): {self.arithmetic()}"
 
     def detail_line(self) -> str:
         """Where each figure comes from."""

@@ -29,7 +29,7 @@ PLUGIN_NAME = "tfmem-workers"
 FIT = "fit"
 OFF = "off"
 _PLAN = pytest.StashKey["WorkerFit | None"]()  # the fit, once measured (None: it could not be)
-_AUTO = pytest.StashKey[bool]()  # -n auto/logical asked tfmem for the count
+_AUTO = pytest.StashKey[str]()  # "auto" or "logical": xdist asked tfmem for the count
 _WARNINGS = pytest.StashKey[list[str]]()
 
 
@@ -98,7 +98,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """pytest-xdist asks how many workers ``-n auto`` starts: as many as fit, with the option."""
     if probing() or not _opted_in(config):
         return None
-    config.stash[_AUTO] = True
+    config.stash[_AUTO] = str(config.option.numprocesses)
     fit = plan(config, _xdist_count(config))
     return fit.count if fit is not None else None
 
@@ -122,7 +122,7 @@ class TfmemWorkers:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.opted_in = _opted_in(config)
-        self.auto = config.stash.get(_AUTO, False)
+        self.auto = config.stash.get(_AUTO, None)
         requested = getattr(config.option, "numprocesses", None)
         if self.opted_in and not self.auto and isinstance(requested, int) and requested > 0:
             fit = plan(config, _xdist_count(config))
@@ -137,7 +137,7 @@ class TfmemWorkers:
         fit = self.config.stash.get(_PLAN, None)
         if not self.auto or fit is None:
             return []
-        return [fit.auto_line(), fit.detail_line()]
+        return [fit.auto_line(self.auto), fit.detail_line()]
 
     def pytest_sessionstart(self) -> None:
         self.oom_kills = OomKillCounter()
