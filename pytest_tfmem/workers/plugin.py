@@ -11,8 +11,6 @@ option is on.
 
 from __future__ import annotations
 
-from typing import Any
-
 import psutil
 import pytest
 
@@ -143,8 +141,9 @@ class TfmemWorkers:
         self.oom_kills = OomKillCounter()
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
-        """pytest-xdist: a worker died running ``crashitem``; add tfmem's account to its report."""
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport) -> None:
+        """pytest-xdist: a worker died running ``crashitem``; add tfmem's account to its report
+        (the hook's ``sched`` argument, for rescheduling the test, is not needed)."""
         node = getattr(report, "node", None)
         worker = str(getattr(getattr(node, "gateway", None), "id", "?"))
         journal = self.config.pluginmanager.get_plugin(JOURNAL_PLUGIN)
