@@ -175,7 +175,8 @@ def death_message(
         )
         return "kill_at", f"{head}\n{readings}\n{available}"
     if result.signal is not None:
-        return "signal", f"tfmem: the isolated test's process was {describe_signal(result)}\n{readings}\n{available}"
+        described = describe_signal(result.signal, result.oom_kills)
+        return "signal", f"tfmem: the isolated test's process was {described}\n{readings}\n{available}"
     problems = [event["text"] for event in events if event["event"] == "collect_error"]
     if any(event["event"] == "not_collected" for event in events):
         problems.append("the isolated process did not collect this test")

@@ -70,14 +70,15 @@ class WatchResult:
         return lines
 
 
-def describe_signal(result: WatchResult) -> str:
-    """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``."""
-    sig = result.signal
-    assert sig is not None
+def describe_signal(sig: signal.Signals, oom_kills: int | None) -> str:
+    """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``.
+
+    ``oom_kills``: how far the cgroup's ``oom_kill`` count rose while the process ran, if known.
+    """
     cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
-    if sig == signal.SIGKILL and result.oom_kills:
-        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {result.oom_kills})"
-    elif sig == signal.SIGKILL and result.oom_kills == 0:
+    if sig == signal.SIGKILL and oom_kills:
+        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {oom_kills})"
+    elif sig == signal.SIGKILL and oom_kills == 0:
         cause = (
             "SIGKILL is what the kernel's OOM killer sends when memory runs out, but this cgroup's "
             "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"

@@ -69,6 +69,39 @@ def _finished_line(entry: dict[str, Any]) -> str:
     return line
 
 
+RunningKey = tuple[str | None, str | None]  # (worker, node id)
+
+
+def unfinished_tests(session: list[dict[str, Any]]) -> dict[RunningKey, tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Tests of one session's entries that started and never finished, by (worker, node id):
+    the ``start`` entry and the last ``reading`` after it (``None`` if none was written)."""
+    started: dict[RunningKey, dict[str, Any]] = {}
+    readings: dict[RunningKey, dict[str, Any]] = {}
+    for entry in session:
+        key = (entry.get("worker"), entry.get("nodeid"))
+        if entry.get("event") == "start":
+            started[key] = entry
+            readings.pop(key, None)
+        elif entry.get("event") == "reading" and key in started:
+            readings[key] = entry
+        elif entry.get("event") == "finish":
+            started.pop(key, None)
+            readings.pop(key, None)
+    return {key: (start, readings.get(key)) for key, start in started.items()}
+
+
+def last_reading_line(start: dict[str, Any], reading: dict[str, Any] | None) -> str:
+    """A running test's last memory reading in the journal, in words."""
+    if reading is None:
+        return f"last reading {format_size(start['rss'])} when it started (process tree RSS)"
+    growth = format_size(reading["rss"] - start["rss"], signed=True)
+    return (
+        f"last reading {format_size(reading['rss'])} ({growth} since the test started) "
+        f"at {reading['elapsed_s']:.1f} s into the test ({_clock(reading['time'])}); "
+        f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
+    )
+
+
 def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
     """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
     0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
@@ -93,40 +126,18 @@ def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tupl
         lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
         code = EXIT_DID_NOT_FINISH
 
-    started: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # by (worker, nodeid)
-    readings: dict[tuple[str | None, str | None], dict[str, Any]] = {}
-    finished = []
-    for entry in session:
-        key = (entry.get("worker"), entry.get("nodeid"))
-        if entry.get("event") == "start":
-            started[key] = entry
-            readings.pop(key, None)
-        elif entry.get("event") == "reading" and key in started:
-            readings[key] = entry
-        elif entry.get("event") == "finish":
-            started.pop(key, None)
-            readings.pop(key, None)
-            finished.append(entry)
-
+    unfinished = unfinished_tests(session)
+    finished = [entry for entry in session if entry.get("event") == "finish"]
     last_time = session[-1]["time"] if session else header["started"]
-    if started:
+    if unfinished:
         lines.append("running when the journal ends:" if end is None else "started but never finished:")
-        for key, start in started.items():
-            worker = f" [{key[0]}]" if key[0] else ""
-            reading = readings.get(key)
+        for (worker, _), (start, reading) in unfinished.items():
+            label = f" [{worker}]" if worker else ""
             lines.append(
-                f"  {start['nodeid']}{worker}: started {_clock(start['time'])}, "
+                f"  {start['nodeid']}{label}: started {_clock(start['time'])}, "
                 f"still running {max(0.0, last_time - start['time']):.1f} s later at the journal's last entry"
             )
-            if reading is not None:
-                growth = format_size(reading["rss"] - start["rss"], signed=True)
-                lines.append(
-                    f"    last reading {format_size(reading['rss'])} ({growth} since the test started) "
-                    f"at {reading['elapsed_s']:.1f} s into the test ({_clock(reading['time'])}); "
-                    f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
-                )
-            else:
-                lines.append(f"    last reading {format_size(start['rss'])} when it started (process tree RSS)")
+            lines.append(f"    {last_reading_line(start, reading)}")
     counts: dict[str, int] = {}
     for entry in finished:
         counts[entry.get("outcome", "?")] = counts.get(entry.get("outcome", "?"), 0) + 1
