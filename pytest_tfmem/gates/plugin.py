@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from pytest_tfmem import __version__, errors
-from pytest_tfmem.atomic import write_text_atomic
 from pytest_tfmem.core import manager as core, settings
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,

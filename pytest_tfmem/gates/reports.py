@@ -25,9 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.atomic import write_text_atomic
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import summary_rows
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,

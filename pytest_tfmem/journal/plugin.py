@@ -38,15 +38,14 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_tfmem import tfmemdir
-from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem import files
 from pytest_tfmem.core import manager as core, settings
 from pytest_tfmem.core.record import record_from_report
 from pytest_tfmem.isolate.child import IN_CHILD
 from pytest_tfmem.isolate.watchdog import ProcessTreeRss
 
 PLUGIN_NAME = "tfmem-journal"
-DEFAULT_PATH = Path(tfmemdir.DIRECTORY) / "results.jsonl"
+DEFAULT_PATH = Path(files.DIRECTORY) / "results.jsonl"
 SAMPLE_INTERVAL_S = 0.1
 SYNC_INTERVAL_S = 1.0
 WRITE_INTERVAL_S = 1.0
@@ -106,12 +105,12 @@ class JournalFile:
         self._synced = float("-inf")
 
     def open(self) -> None:
-        tfmemdir.make_directory(self.path.parent)
+        files.make_directory(self.path.parent)
         with _directory_lock(self.path.parent):
             if _first_entry(self.path).get("session") != self.header["session"]:
                 if self.path.exists():
                     os.replace(self.path, previous_path(self.path))
-                write_text_atomic(self.path, json.dumps(self.header) + "\n")
+                files.write_text_atomic(self.path, json.dumps(self.header) + "\n")
             self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND)
 
     def append(self, entry: dict[str, Any], *, sync: bool = False) -> None:

@@ -1,4 +1,11 @@
-"""Write a file so that readers see the old content or the new, never a truncated mix."""
+"""tfmem's files: written atomically, kept in a ``.tfmem`` directory out of version control.
+
+``write_text_atomic`` and ``create_text_atomic`` write so that readers see the old content or
+the new, never a truncated mix. Every place that creates a directory for tfmem's files (the
+results journal, traces) goes through ``make_directory``: a ``.tfmem`` directory it creates or
+finds on the way gets a ``.gitignore`` holding ``*``, as pytest does for ``.pytest_cache``, so
+``git status`` stays clean without an entry in the project's own ``.gitignore``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,9 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
+
+DIRECTORY = ".tfmem"
+GITIGNORE = "# Created by pytest-tfmem automatically.\n*\n"
 
 
 def _new_file_mode() -> int:
@@ -75,3 +85,17 @@ def create_text_atomic(path: str | os.PathLike[str], text: str) -> bool:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+def ignore_in_git(directory: Path) -> bool:
+    """Write ``directory/.gitignore`` holding ``*`` unless it exists (atomically); True if written."""
+    return create_text_atomic(directory / ".gitignore", GITIGNORE)
+
+
+def make_directory(path: Path) -> Path:
+    """Create ``path`` and its parents; each ``.tfmem`` directory in ``path`` gets its ``.gitignore``."""
+    path.mkdir(parents=True, exist_ok=True)
+    for directory in (path, *path.parents):
+        if directory.name == DIRECTORY:
+            ignore_in_git(directory)
+    return path
