@@ -139,7 +139,7 @@ class ChildRun:
             # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
             # start of the test body: the process's exact peak over the body. (Not ru_maxrss:
             # it starts from the parent's size, copied at fork, and no reset lowers it.)
-            peak = host._read_status_kib("VmHWM")["VmHWM"]
+            peak = host.high_water_mark() or 0
             self._write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

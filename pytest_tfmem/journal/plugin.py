@@ -43,6 +43,7 @@ from pytest_tfmem.core import manager as core, settings
 from pytest_tfmem.core.record import record_from_report
 from pytest_tfmem.isolate.child import IN_CHILD
 from pytest_tfmem.isolate.watchdog import ProcessTreeRss
+from pytest_tfmem.probes.sampler import Sampler
 
 PLUGIN_NAME = "tfmem-journal"
 DEFAULT_PATH = Path(files.DIRECTORY) / "results.jsonl"
@@ -148,15 +149,13 @@ class ReadingsThread:
         self._reader = ProcessTreeRss(os.getpid(), refresh_s=WRITE_INTERVAL_S)
         self._lock = threading.Lock()
         self._running: _RunningTest | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfmem-journal-readings", daemon=True)
+        self._sampler = Sampler(self._sample, SAMPLE_INTERVAL_S, "tfmem-journal-readings")
 
     def start(self) -> None:
-        self._thread.start()
+        self._sampler.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._sampler.stop()
 
     def begin(self, nodeid: str) -> int:
         rss = self._reader.read()
@@ -170,33 +169,32 @@ class ReadingsThread:
             running, self._running = self._running, None
         return running.peak if running else None
 
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_INTERVAL_S):
-            try:
-                rss = self._reader.read()
-            except psutil.Error:
-                continue
-            with self._lock:
-                running = self._running
-                if running is None:
-                    continue
-                running.peak = max(running.peak, rss)
-                now = time.monotonic()
-                grown = running.peak - running.written_peak > max(
-                    GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
-                )
-                if not grown and now - running.written_at < WRITE_INTERVAL_S:
-                    continue
-                running.written_peak, running.written_at = running.peak, now
-                entry = {
-                    "event": "reading",
-                    "worker": self.worker,
-                    "nodeid": running.nodeid,
-                    "elapsed_s": round(now - running.started, 3),
-                    "rss": rss,
-                    "peak": running.peak,
-                }
-            self.journal.append(entry)
+    def _sample(self) -> None:
+        try:
+            rss = self._reader.read()
+        except psutil.Error:
+            return
+        with self._lock:
+            running = self._running
+            if running is None:
+                return
+            running.peak = max(running.peak, rss)
+            now = time.monotonic()
+            grown = running.peak - running.written_peak > max(
+                GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
+            )
+            if not grown and now - running.written_at < WRITE_INTERVAL_S:
+                return
+            running.written_peak, running.written_at = running.peak, now
+            entry = {
+                "event": "reading",
+                "worker": self.worker,
+                "nodeid": running.nodeid,
+                "elapsed_s": round(now - running.started, 3),
+                "rss": rss,
+                "peak": running.peak,
+            }
+        self.journal.append(entry)
 
 
 @dataclass
