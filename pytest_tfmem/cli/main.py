@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_tfmem.core.summary import render_table, summary_rows
-from pytest_tfmem.gates.baseline import BaselineError, load_baseline
+from pytest_tfmem.files import FileFormatError
+from pytest_tfmem.gates.baseline import load_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
@@ -33,7 +34,6 @@ from pytest_tfmem.gates.compare import (
 )
 from pytest_tfmem.gates.environment import environment_differences
 from pytest_tfmem.gates.reports import (
-    ReportError,
     SessionReport,
     comparison_markdown,
     comparison_rows,
@@ -256,7 +256,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_compare, 
 def _load(load: Callable[[str], Any], path: str) -> Any:
     try:
         return load(path)
-    except (BaselineError, ReportError) as error:
+    except FileFormatError as error:
         raise CliError(str(error)) from None
 
 
