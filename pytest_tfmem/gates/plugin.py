@@ -52,20 +52,15 @@ errors.FAILURE_BY_CHECK["baseline"] = errors.MemoryRegression
 settings.MARKER_KEYWORDS["tolerance"] = parse_tolerance
 
 
-def parse_path(value: object, what: str) -> str:
-    text = str(value).strip()
-    if not text:
-        raise ValueError(f"invalid {what} {value!r}: expected a file path")
-    return text
-
-
 BASELINE = settings.Option(
-    "baseline", "compare each test's peak with this baseline file; a test grown beyond tolerance fails", parse_path
+    "baseline",
+    "compare each test's peak with this baseline file; a test grown beyond tolerance fails",
+    settings.parse_path,
 )
 SAVE_BASELINE = settings.Option(
     "save_baseline",
     "save each passed test's peak into this baseline file (merged into it if it exists; written atomically)",
-    parse_path,
+    settings.parse_path,
 )
 BASELINE_PRUNE = settings.Option(
     "baseline_prune",
@@ -80,8 +75,8 @@ TOLERANCE = settings.Option(
     parse_tolerance,
     parse_tolerance(DEFAULT_TOLERANCE),
 )
-REPORT = settings.Option("report", "write a JSON report of every measured test to this file", parse_path)
-MARKDOWN = settings.Option("markdown", "write a Markdown summary to this file", parse_path)
+REPORT = settings.Option("report", "write a JSON report of every measured test to this file", settings.parse_path)
+MARKDOWN = settings.Option("markdown", "write a Markdown summary to this file", settings.parse_path)
 GITHUB_SUMMARY = settings.Option(
     "github_summary",
     f"append the Markdown summary to the file named by ${STEP_SUMMARY} (GitHub Actions' job page); "
@@ -118,10 +113,10 @@ class CiGates:
         values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
         self.tolerance: Tolerance = values["tolerance"]
         self.prune: bool = values["baseline_prune"]
-        self.baseline_path = self._path(values["baseline"])
-        self.save_path = self._path(values["save_baseline"])
-        self.report_path = self._path(values["report"])
-        self.markdown_path = self._path(values["markdown"])
+        self.baseline_path: Path | None = values["baseline"]
+        self.save_path: Path | None = values["save_baseline"]
+        self.report_path: Path | None = values["report"]
+        self.markdown_path: Path | None = values["markdown"]
         self.github_summary: bool = values["github_summary"]
         paths = (self.baseline_path, self.save_path, self.report_path, self.markdown_path)
         self.active = self.github_summary or any(p is not None for p in paths)
@@ -139,11 +134,6 @@ class CiGates:
                     "the baseline was recorded in a different environment: " + "; ".join(differences)
                 )
         self.outcome_lines: list[tuple[str, dict[str, bool]]] = []  # for the terminal summary
-
-    def _path(self, value: str | None) -> Path | None:
-        if value is None:
-            return None
-        return (self.config.invocation_params.dir / value).absolute()
 
     def _load(self, path: Path | None, *, missing_ok: bool) -> Baseline | None:
         if path is None:

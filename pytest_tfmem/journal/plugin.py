@@ -56,18 +56,11 @@ GROWTH_TO_WRITE_BYTES = 16 * 2**20
 _SESSION_KEY = "tfmem_session"
 
 
-def parse_path(value: object, what: str) -> str:
-    text = str(value).strip()
-    if not text:
-        raise ValueError(f"invalid {what} {value!r}: expected a file path")
-    return text
-
-
 RESULTS = settings.Option(
     "results",
     "the crash-safe results journal, written as tests run (default .tfmem/results.jsonl in the "
     "rootdir); `tfmem last` reads it",
-    parse_path,
+    settings.parse_path,
 )
 
 
@@ -236,11 +229,7 @@ class TfmemJournal:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         path, self.path_given = settings.read_option(config, RESULTS)
-        # A path on the command line is relative to where pytest was started, like
-        # --junitxml; the ini value and the default are relative to the rootdir.
-        on_command_line = config.getoption(RESULTS.ini, default=None) is not None
-        base = config.invocation_params.dir if on_command_line else config.rootpath
-        self.path = Path(base) / (path or DEFAULT_PATH)
+        self.path: Path = path or config.rootpath / DEFAULT_PATH
         workerinput = getattr(config, "workerinput", None)
         self.worker: str | None = workerinput["workerid"] if workerinput else None
         if workerinput and _SESSION_KEY in workerinput:

@@ -63,13 +63,6 @@ def parse_marker_mode(value: object, what: str) -> str:
         raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}, True or False") from None
 
 
-def parse_directory(value: object, what: str) -> Path:
-    text = str(value).strip()
-    if not text or "\0" in text:
-        raise ValueError(f"invalid {what} {value!r}: expected a directory path")
-    return Path(os.path.expanduser(text))
-
-
 TRACE_MODE = settings.Option(
     "trace",
     f"{ON_FAILURE}: re-run a failed measured test once under TensorFlow's profiler and keep its "
@@ -77,7 +70,9 @@ TRACE_MODE = settings.Option(
     parse_mode,
 )
 TRACE_DIR = settings.Option(
-    "trace_dir", f"where traces go, one folder per session (default {DEFAULT_ROOT} under the rootdir)", parse_directory
+    "trace_dir",
+    f"where traces go, one folder per session (default {DEFAULT_ROOT} under the rootdir)",
+    settings.parse_path,
 )
 TRACE_KEEP = settings.Option(
     "trace_keep", "sessions of traces kept in the trace directory; older ones are deleted (default 5)",
@@ -98,12 +93,7 @@ class TraceSettings:
         mode, _ = settings.read_option(config, TRACE_MODE)
         root, _ = settings.read_option(config, TRACE_DIR)
         keep, _ = settings.read_option(config, TRACE_KEEP)
-        if root is None:
-            root = config.rootpath / DEFAULT_ROOT
-        elif not root.is_absolute():  # a command-line path is relative to where pytest was started
-            from_cli = config.getoption(TRACE_DIR.ini, default=None) is not None
-            root = (config.invocation_params.dir if from_cli else config.rootpath) / root
-        return cls(mode, root, keep)
+        return cls(mode, root or config.rootpath / DEFAULT_ROOT, keep)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
