@@ -16,7 +16,7 @@ from pytest_tfmem import hookspecs
 from pytest_tfmem.core import settings
 from pytest_tfmem.core.fixture import TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor
-from pytest_tfmem.core.record import TestRecord, record_from_report, republish
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.core.verdict import Verdict, check_budget
@@ -110,7 +110,7 @@ class TfmemManager:
         record.verdicts = [v for v in verdicts if v is not None]
         item.stash[RECORD] = record
         # On the item, so the call and teardown reports both carry it (JUnit XML reads teardown's)
-        item.user_properties.extend(record.user_properties())
+        publish(item, record)
         return record
 
     def fail_if_needed(self, record: TestRecord) -> None:
@@ -170,7 +170,7 @@ class TfmemManager:
                 warnings.warn(
                     pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
                 )
-        republish(item, record)
+        publish(item, record)
 
     @pytest.hookimpl(trylast=True)
     def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import PROPERTY, TestRecord
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun
 from pytest_tfmem.explain.lines import (
     FunctionLines,
@@ -388,8 +388,7 @@ def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], lines:
         except (OSError, ValueError) as error:
             data["notes"].append(f"not added to the trace's summary.json: {error}")
     record.extra[SECTION_KEY] = data
-    fresh = record.user_properties()[0]
-    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+    publish(item, record)
     item.stash[SECTIONS] = sections(item.nodeid, data, lines, allocators)
 
 

@@ -30,7 +30,7 @@ import pytest
 
 from pytest_tfmem.core import manager as core, oom, settings
 from pytest_tfmem.core.measure import TRACKER_PROVIDERS, Measurement, PeakTracker
-from pytest_tfmem.core.record import TestRecord, republish
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.verdict import Verdict, view_label
 from pytest_tfmem.errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
 from pytest_tfmem.probes import tf as tf_probe
@@ -321,7 +321,7 @@ class TfmemGpu:
             trace = record.extra.get("trace", {}).get("shown_directory")
             message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, self.applied_limit, trace)
             record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
-            republish(item, record)
+            publish(item, record)
             failure = DeviceOutOfMemory(message)
             failure.tf_error = error  # the message already quotes it: no chained traceback
             raise failure from None

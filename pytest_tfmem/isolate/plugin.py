@@ -24,12 +24,13 @@ from typing import Any, Literal
 import pytest
 
 from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
 from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
 from pytest_tfmem.isolate.results import (
+    PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
     complete,
     death_message,
@@ -250,8 +251,8 @@ class TfmemIsolation:
 
         _evaluate_xfail(item)
         item.stash[core.RECORD] = record  # the core adds its section to the call report
-        item.user_properties.extend(record.user_properties())  # reports made from the item carry it
-        item.user_properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
+        publish(item, record)  # reports made from the item carry it
+        item.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
         report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))
         report.duration = result.elapsed_s  # the child's whole run: the phase's own share is unknown
         if output:

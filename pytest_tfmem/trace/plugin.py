@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import TestRecord, republish
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun, RerunResult
 from pytest_tfmem.core.verdict import describe_views
 from pytest_tfmem.isolate.child import IN_CHILD
@@ -225,7 +225,7 @@ class TracePlugin:
         item.stash[TRACE] = info
         if record is not None:
             record.extra["trace"] = info
-            republish(item, record)
+            publish(item, record)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
