@@ -2,15 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_tfmem.core.measure import PeakTracker
     from pytest_tfmem.core.record import TestRecord
     from pytest_tfmem.core.rerun import Rerun
     from pytest_tfmem.core.verdict import Verdict
+
+
+@pytest.hookspec
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]] | None:
+    """The keyword arguments your feature adds to ``@pytest.mark.tfmem``: name -> parser.
+
+    A parser takes the value and a description of it (``"tfmem marker argument NAME"``) and
+    returns the parsed value or raises ``ValueError`` naming the value and the accepted forms.
+    Called once, when pytest is configured: implement it as a module-level function.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_measuring_markers() -> Iterable[str] | None:
+    """Markers besides ``tfmem`` that make a test measured (``tfmem_leak``...).
+
+    Called once, when pytest is configured: implement it as a module-level function.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_trackers() -> list[PeakTracker] | None:
+    """More peak trackers for every measurement window of a test (NVML's per-GPU views...).
+
+    Return the same trackers at every call, so that nested windows fold their peaks into
+    each other. Their views are reported beside the others; a test's headline ``peak`` reads
+    only the host and TensorFlow CPU views.
+    """
 
 
 @pytest.hookspec

@@ -8,14 +8,15 @@ fixture.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 
 from pytest_tfmem import hookspecs
 from pytest_tfmem.core import settings
 from pytest_tfmem.core.fixture import TfmemFixture
-from pytest_tfmem.core.measure import Measurement, Monitor
+from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 from pytest_tfmem.core.summary import render_table, summary_rows
@@ -30,8 +31,6 @@ ARGUMENTS = pytest.StashKey[dict]()
 PLUGIN_NAME = "tfmem-manager"
 # On a call report whose test should have been measured but was not: why (the summary lists them).
 NOT_MEASURED = "tfmem_not_measured"
-# Markers besides ``tfmem`` that make a test measured; feature modules add theirs.
-MEASURING_MARKERS = {settings.MARKER}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -51,11 +50,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(TfmemManager(config), PLUGIN_NAME)
 
 
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"budget": settings.parse_optional_size, RERUN_KEYWORD: settings.parse_bool}
+
+
 @pytest.fixture
 def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
     """Measure blocks (``with tfmem.measure() as m``), read ``peak()``/``current()``, ``clean()``."""
     item = request.node
-    return TfmemFixture(lambda: item.stash.get(MONITOR, None))
+    return TfmemFixture(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
 
 
 def manager(config: pytest.Config) -> TfmemManager:
@@ -76,13 +80,21 @@ class TfmemManager:
         self.measure_every_test = self.settings.any_set
         self._tensorflow_prepared = False
         self.collector = Collector(host.current_rss)
+        self.marker_keywords: dict[str, Callable[[object, str], Any]] = {}
+        for keywords in config.hook.pytest_tfmem_marker_keywords():
+            self.marker_keywords.update(keywords)
+        self.measuring_markers = {settings.MARKER}.union(*config.hook.pytest_tfmem_measuring_markers())
 
     def is_measured(self, item: pytest.Item) -> bool:
         return (
             self.measure_every_test
-            or any(item.get_closest_marker(name) for name in MEASURING_MARKERS)
+            or any(item.get_closest_marker(name) for name in self.measuring_markers)
             or "tfmem" in getattr(item, "fixturenames", ())
         )
+
+    def trackers(self) -> list[PeakTracker]:
+        """The features' own peak trackers, for every window besides host and TensorFlow's."""
+        return [tracker for trackers in self.config.hook.pytest_tfmem_trackers() for tracker in trackers]
 
     def budget_for(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(ARGUMENTS, {})
@@ -121,7 +133,7 @@ class TfmemManager:
     @pytest.hookimpl
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            item.stash[ARGUMENTS] = settings.marker_arguments(item)
+            item.stash[ARGUMENTS] = settings.marker_arguments(item, self.marker_keywords)
 
     # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
     # leak marker's wrapper (trylast too, registered earlier) is inside this one.
@@ -132,7 +144,7 @@ class TfmemManager:
         if not self.is_measured(item):
             return (yield)
         self.prepare_tensorflow()
-        monitor = Monitor(collect=self.collector.collect, sample_mixed=True)
+        monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
         item.stash[MONITOR] = monitor
         monitor.start()
         try:
@@ -176,7 +188,7 @@ class TfmemManager:
     def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> None:
         """Innermost: the body itself (its output is kept apart from the first run's)."""
         assert isinstance(item, pytest.Function)  # rerun_refusal let only functions through
-        rerun.result = rerun_test_body(item, MONITOR)
+        rerun.result = rerun_test_body(item, MONITOR, self.trackers())
         rerun.output = read_output(item)
 
     @pytest.hookimpl(wrapper=True)

@@ -162,12 +162,9 @@ class CoreSettings:
         )
 
 
-# Marker keywords: name -> parser. Features register theirs at import time.
-MARKER_KEYWORDS: dict[str, Callable[[object, str], Any]] = {"budget": parse_optional_size, "rerun": parse_bool}
-
-
-def marker_arguments(item: pytest.Item) -> dict[str, Any]:
-    """Parsed keyword arguments of the item's ``tfmem`` markers (the closest marker wins).
+def marker_arguments(item: pytest.Item, keywords: dict[str, Callable[[object, str], Any]]) -> dict[str, Any]:
+    """Parsed keyword arguments of the item's ``tfmem`` markers (the closest marker wins);
+    ``keywords``: each accepted keyword's parser (``pytest_tfmem_marker_keywords``).
 
     Raises ``pytest.UsageError`` naming the test, the bad argument and the accepted forms.
     """
@@ -179,9 +176,9 @@ def marker_arguments(item: pytest.Item) -> dict[str, Any]:
                 f"(e.g. budget='512MB'), got positional {mark.args!r}"
             )
         for key, value in mark.kwargs.items():
-            parse = MARKER_KEYWORDS.get(key)
+            parse = keywords.get(key)
             if parse is None:
-                accepted = ", ".join(sorted(MARKER_KEYWORDS))
+                accepted = ", ".join(sorted(keywords))
                 raise pytest.UsageError(
                     f"pytest-tfmem: {item.nodeid}: unknown tfmem marker argument {key!r}; accepted: {accepted}"
                 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
@@ -126,8 +126,6 @@ EXPLAIN_TOP = settings.Option(
     "explain_top", "rows per allocator in the TensorFlow op table (default 10)", settings.parse_positive_int, 10
 )
 EXPLAIN_OPTIONS = [EXPLAIN, EXPLAIN_MODE, EXPLAIN_FUNCTIONS, EXPLAIN_TOP]
-settings.MARKER_KEYWORDS["explain"] = parse_marker_explain
-settings.MARKER_KEYWORDS["explain_mode"] = parse_mode
 
 
 @dataclass(frozen=True)
@@ -166,6 +164,10 @@ class TracedRun:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, EXPLAIN_OPTIONS)
+
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"explain": parse_marker_explain, "explain_mode": parse_mode}
 
 
 def pytest_configure(config: pytest.Config) -> None:

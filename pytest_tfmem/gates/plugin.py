@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_tfmem import __version__, errors
+from pytest_tfmem import __version__
 from pytest_tfmem.core import manager as core, settings
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
@@ -47,10 +48,6 @@ PLUGIN_NAME = "tfmem-gates"
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 # A run that ended like this says nothing reliable about memory: the baseline is left alone.
 _NOT_SAVED_AFTER = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR}
-
-errors.FAILURE_BY_CHECK["baseline"] = errors.MemoryRegression
-settings.MARKER_KEYWORDS["tolerance"] = parse_tolerance
-
 
 BASELINE = settings.Option(
     "baseline",
@@ -90,6 +87,10 @@ OPTIONS = [BASELINE, SAVE_BASELINE, BASELINE_PRUNE, TOLERANCE, REPORT, MARKDOWN,
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, OPTIONS)
+
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"tolerance": parse_tolerance}
 
 
 @pytest.hookimpl(trylast=True)  # after the core registered its manager

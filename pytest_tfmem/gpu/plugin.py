@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, oom, settings
-from pytest_tfmem.core.measure import TRACKER_PROVIDERS, Measurement, PeakTracker
+from pytest_tfmem.core.measure import Measurement, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.verdict import Verdict, view_label
-from pytest_tfmem.errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
+from pytest_tfmem.errors import DeviceOutOfMemory
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
 from pytest_tfmem.units import SIZE_FORMS, format_size
@@ -45,10 +45,6 @@ EXTRA = "gpu"  # the record's section: NVML devices and problems
 
 class TfmemDeviceWarning(pytest.PytestWarning):
     """A device setting (GPU memory limit, memory growth) could not be applied."""
-
-
-FAILURE_BY_CHECK[CHECK] = GpuBudgetExceeded
-settings.MARKER_KEYWORDS["gpu_budget"] = settings.parse_optional_size
 
 
 def parse_interval(value: object, what: str) -> float:
@@ -91,6 +87,10 @@ OPTIONS = [GPU_BUDGET, GPU_LIMIT, GPU_MEMORY_GROWTH, NVML_INTERVAL]  # each one 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, OPTIONS)
+
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"gpu_budget": settings.parse_optional_size}
 
 
 @pytest.hookimpl(trylast=True)  # after the core registered its manager
@@ -242,7 +242,6 @@ class TfmemGpu:
         self.nvml_note = ""
         self._nvml_trackers: list[PeakTracker] | None = None
         self._sampler: NvmlSampler | None = None
-        TRACKER_PROVIDERS.append(self.nvml_trackers)
 
     # -- NVML ----------------------------------------------------------------------------
     def nvml_trackers(self) -> list[PeakTracker]:
@@ -269,6 +268,9 @@ class TfmemGpu:
         return section
 
     # -- hooks ---------------------------------------------------------------------------
+    def pytest_tfmem_trackers(self) -> list[PeakTracker]:
+        return self.nvml_trackers()
+
     def pytest_report_header(self) -> list[str]:
         if not self.set_growth:
             return []
@@ -349,7 +351,5 @@ class TfmemGpu:
             self._sampler.stop()
         if self.nvml is not None:
             self.nvml.close()
-        if self.nvml_trackers in TRACKER_PROVIDERS:
-            TRACKER_PROVIDERS.remove(self.nvml_trackers)
         if self.set_growth:
             os.environ.pop(GROWTH_VARIABLE, None)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +28,7 @@ from pytest_tfmem.core import manager as core, settings
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
+from pytest_tfmem.errors import failure_for
 from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
 from pytest_tfmem.isolate.results import (
     PROCESS_PEAK_PROPERTY,
@@ -62,12 +63,6 @@ KILL_AT = settings.Option(
     f"with a kill_at runs isolated; {SIZE_FORMS}",
     settings.parse_optional_size,
 )
-settings.MARKER_KEYWORDS["isolate"] = settings.parse_bool
-settings.MARKER_KEYWORDS["kill_at"] = settings.parse_optional_size
-
-
-FAILURE_BY_CHECK.update({"kill_at": KilledAtLimit, "signal": KilledBySignal, "died": IsolatedTestDied})
-
 
 class MemoryLimitWarning(pytest.PytestWarning):
     """A budget or ``kill_at`` above the memory limit that applies: the OOM killer comes first."""
@@ -80,6 +75,10 @@ class IsolationPolicy:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, [ISOLATE, KILL_AT])
+
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"isolate": settings.parse_bool, "kill_at": settings.parse_optional_size}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -244,7 +243,7 @@ class TfmemIsolation:
             verdicts=[Verdict(check, False, message)],
             extra={"isolated": isolated},
         )
-        failure = FAILURE_BY_CHECK[check](message)
+        failure = failure_for(check, message)
 
         def raise_failure() -> None:
             raise failure

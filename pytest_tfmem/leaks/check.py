@@ -16,14 +16,14 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_tfmem.core import measure
 from pytest_tfmem.core.verdict import Verdict, view_label
-from pytest_tfmem.errors import FAILURE_BY_CHECK, TfmemFailure
+from pytest_tfmem.errors import LeakDetected
 from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
 from pytest_tfmem.probes import host
 from pytest_tfmem.units import format_size, parse_size
@@ -33,13 +33,6 @@ DEFAULT_ITERATIONS = 10
 DEFAULT_WARMUP = 3
 DEFAULT_MAX_GROWTH = "1MB"
 _SHOWN_READINGS = 12
-
-
-class LeakDetected(TfmemFailure):
-    """Memory grew per iteration by more than ``max_growth`` in a leak check."""
-
-
-FAILURE_BY_CHECK[CHECK] = LeakDetected
 
 
 def theil_sen_slope(levels: list[int] | tuple[int, ...]) -> float:
@@ -159,8 +152,11 @@ def leak_check(
     iterations: int = DEFAULT_ITERATIONS,
     warmup: int = DEFAULT_WARMUP,
     max_growth: int | str = DEFAULT_MAX_GROWTH,
+    *,
+    trackers: Sequence[measure.PeakTracker] = (),
 ) -> LeakReport:
-    """Run ``fn()`` ``warmup`` times, then ``iterations`` measured times; report the growth.
+    """Run ``fn()`` ``warmup`` times, then ``iterations`` measured times; report the growth of
+    every view (host RSS, each TF allocator, and ``trackers``'s: the features' own).
 
     Raises nothing on a leak (see ``assert_no_leak``); exceptions from ``fn`` propagate.
     """
@@ -177,12 +173,12 @@ def leak_check(
     with _objects_alive_now_exempt_from_gc(tracker.record_containers):
         tracker.observe()
         host.release_freed_memory()
-        series = {view: [level] for view, level in current_levels().items()}
+        series = {view: [level] for view, level in current_levels(trackers).items()}
         tracker.ignore(series, *series.values())
         for _ in range(iterations):
             fn()
             host.release_freed_memory()
-            for view, level in current_levels().items():
+            for view, level in current_levels(trackers).items():
                 series.setdefault(view, []).append(level)  # a view that appears late has no baseline
             tracker.observe()
 
@@ -229,12 +225,12 @@ def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iter
         _running_checks -= 1
 
 
-def current_levels() -> dict[str, int]:
-    """Level of every memory view now (host RSS, each TF allocator), from the core probes.
+def current_levels(trackers: Sequence[measure.PeakTracker] = ()) -> dict[str, int]:
+    """Level of every memory view now (host RSS, each TF allocator, ``trackers``'s).
 
     Only current levels are read: no peak is reset, so enclosing windows are undisturbed.
     """
-    return {tracker.source.name: tracker.source.current() for tracker in measure.probes().trackers()}
+    return {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
 
 
 def assert_no_leak(

@@ -79,7 +79,6 @@ TRACE_KEEP = settings.Option(
     settings.parse_positive_int, 5,
 )
 TRACE_OPTIONS = [TRACE_MODE, TRACE_DIR, TRACE_KEEP]
-settings.MARKER_KEYWORDS["trace"] = parse_marker_mode
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,10 @@ class TraceSettings:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, TRACE_OPTIONS)
+
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"trace": parse_marker_mode}
 
 
 def pytest_configure(config: pytest.Config) -> None:
