@@ -2,7 +2,8 @@
 each test, applies the checks and writes the summary. Thin glue: no arithmetic here.
 
 Inert unless a tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
-fixture.
+fixture. Features reach the manager with ``manager(config)`` and plug into it through tfmem's
+hooks (``hookspecs.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem import hookspecs
-from pytest_tfmem.core import settings
+from pytest_tfmem.core import processes, settings
 from pytest_tfmem.core.fixture import TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
@@ -28,7 +29,7 @@ from pytest_tfmem.probes.garbage import Collector
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()
-PLUGIN_NAME = "tfmem-manager"
+_MANAGER = pytest.StashKey["TfmemManager"]()
 # On a call report whose test should have been measured but was not: why (the summary lists them).
 NOT_MEASURED = "tfmem_not_measured"
 
@@ -47,8 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "tfmem(budget=None, ...): memory policy for this test; budget='512MB' overrides "
         "--tfmem-budget, budget=None exempts the test (pytest-tfmem)",
     )
-    config.pluginmanager.register(TfmemManager(config), PLUGIN_NAME)
-
+    config.stash[_MANAGER] = TfmemManager(config)
+    config.pluginmanager.register(config.stash[_MANAGER], "tfmem-manager")
 
 
 def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
@@ -63,9 +64,8 @@ def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
 
 
 def manager(config: pytest.Config) -> TfmemManager:
-    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    assert isinstance(plugin, TfmemManager)
-    return plugin
+    """The session's manager: what every feature reads the measured tests and records from."""
+    return config.stash[_MANAGER]
 
 
 class TfmemManager:
@@ -76,8 +76,7 @@ class TfmemManager:
         self.settings = settings.CoreSettings.from_config(config)
         self.records: list[TestRecord] = []
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
-        # A tfmem option was given (budget, baseline, report, GPU budget...): measure every test
-        self.measure_every_test = self.settings.any_set
+        self._measure_all: bool | None = None
         self._tensorflow_prepared = False
         self.collector = Collector(host.current_rss)
         self.marker_keywords: dict[str, Callable[[object, str], Any]] = {}
@@ -85,9 +84,17 @@ class TfmemManager:
             self.marker_keywords.update(keywords)
         self.measuring_markers = {settings.MARKER}.union(*config.hook.pytest_tfmem_measuring_markers())
 
+    @property
+    def measure_all(self) -> bool:
+        """A tfmem option was given (budget, baseline, report, GPU budget...): measure every test."""
+        if self._measure_all is None:
+            asked = self.config.hook.pytest_tfmem_measure_all(config=self.config)
+            self._measure_all = self.settings.any_set or any(asked)
+        return self._measure_all
+
     def is_measured(self, item: pytest.Item) -> bool:
         return (
-            self.measure_every_test
+            self.measure_all
             or any(item.get_closest_marker(name) for name in self.measuring_markers)
             or "tfmem" in getattr(item, "fixturenames", ())
         )
@@ -191,14 +198,23 @@ class TfmemManager:
         rerun.result = rerun_test_body(item, MONITOR, self.trackers())
         rerun.output = read_output(item)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: every worker serves this session."""
+        processes.hand_to_worker(self.config, node.workerinput)
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        record = item.stash.get(RECORD, None) if call.when == "call" else None
+        # Asked before the report is made, so that what features publish now reaches it.
+        added = [] if record is None else self.config.hook.pytest_tfmem_report_sections(item=item, record=record)
         report = yield
-        record = item.stash.get(RECORD, None)
-        if call.when == "call" and record is not None:
+        if record is not None:
             report.sections.append(("tfmem", _section_text(record)))
+            for sections in added:
+                report.sections.extend(sections)
         elif call.when == "call" and self.is_measured(item) and not report.skipped:
             # The call phase ran without passing through pytest_runtest_call (another plugin
             # ran the test its own way): say so rather than leave the test silently unmeasured.

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem import __version__
-from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
@@ -42,9 +42,7 @@ from pytest_tfmem.gates.reports import (
     write_report,
 )
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
-from pytest_tfmem.isolate.child import IN_CHILD
 
-PLUGIN_NAME = "tfmem-gates"
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 # A run that ended like this says nothing reliable about memory: the baseline is left alone.
 _NOT_SAVED_AFTER = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR}
@@ -93,17 +91,9 @@ def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
     return {"tolerance": parse_tolerance}
 
 
-@pytest.hookimpl(trylast=True)  # after the core registered its manager
+@pytest.hookimpl(trylast=True)  # registered after the core's manager: its summary comes before the manager's
 def pytest_configure(config: pytest.Config) -> None:
-    gates = CiGates(config)
-    config.pluginmanager.register(gates, PLUGIN_NAME)
-    if gates.active:
-        core.manager(config).measure_every_test = True
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    """An xdist worker or an isolated test's process: only the session's main process writes."""
-    return hasattr(config, "workerinput") or IN_CHILD in config.stash
+    config.pluginmanager.register(CiGates(config), "tfmem-gates")
 
 
 class CiGates:
@@ -124,11 +114,12 @@ class CiGates:
         self.baseline = self._load(self.baseline_path, missing_ok=False)
         # The file a save merges into: validated now, so a bad one stops the run before any test.
         self.save_into: Baseline | None = None
-        if self.save_path is not None and not _is_worker(config):
+        writer = processes.role(config).writes_session_outputs  # xdist workers judge, they do not write
+        if self.save_path is not None and writer:
             same = self.save_path == self.baseline_path
             self.save_into = self.baseline if same else self._load(self.save_path, missing_ok=True)
         self.environment_notes: list[str] = []
-        if self.baseline is not None and not _is_worker(config):
+        if self.baseline is not None and writer:
             differences = environment_differences(self.baseline.environment, current_environment())
             if differences:
                 self.environment_notes.append(
@@ -149,6 +140,9 @@ class CiGates:
                 )
             raise pytest.UsageError(f"pytest-tfmem: {error}{advice}") from None
 
+    def pytest_tfmem_measure_all(self) -> bool:
+        return self.active
+
     @pytest.hookimpl
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """Hold the test to its baseline entry, with its marker's tolerance if it has one."""
@@ -164,7 +158,7 @@ class CiGates:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if _is_worker(self.config):
+        if not processes.role(self.config).writes_session_outputs:
             return
         records = core.manager(self.config).records
         if self.save_path is not None:

@@ -37,10 +37,10 @@ from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-PLUGIN_NAME = "tfmem-gpu"
 GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
 CHECK = "gpu_budget"
 EXTRA = "gpu"  # the record's section: NVML devices and problems
+APPLIED_LIMIT = pytest.StashKey[int]()  # the GPU limit TensorFlow accepted
 
 
 class TfmemDeviceWarning(pytest.PytestWarning):
@@ -93,12 +93,9 @@ def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
     return {"gpu_budget": settings.parse_optional_size}
 
 
-@pytest.hookimpl(trylast=True)  # after the core registered its manager
+@pytest.hookimpl(trylast=True)  # registered after the other features: its test-call wrapper is outermost
 def pytest_configure(config: pytest.Config) -> None:
-    devices = TfmemGpu(config)
-    config.pluginmanager.register(devices, PLUGIN_NAME)
-    if devices.budget is not None or devices.limit is not None:
-        core.manager(config).measure_every_test = True
+    config.pluginmanager.register(TfmemGpu(config), "tfmem-gpu")
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -109,8 +106,7 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
     tf = tf_probe.loaded_tensorflow()
     if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
         return None
-    devices = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
-    limit = devices.applied_limit if isinstance(devices, TfmemGpu) else None
+    limit = item.config.stash.get(APPLIED_LIMIT, None)
     found = oom.parse_oom(_tf_message(error))
     record.extra[oom.CHECK] = oom.record_section(found, limit)
     return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, None))
@@ -231,7 +227,6 @@ class TfmemGpu:
         self.budget: int | None = values["gpu_budget"]
         self.limit: int | None = values["gpu_limit"]
         self.interval: float = values["nvml_interval"]
-        self.applied_limit: int | None = None
         # GPU settings only when a GPU option asks for them: otherwise the environment is left alone.
         self.options_given = gpu_options_given(config)
         wants_growth = bool(self.options_given) and values["gpu_memory_growth"]
@@ -268,6 +263,9 @@ class TfmemGpu:
         return section
 
     # -- hooks ---------------------------------------------------------------------------
+    def pytest_tfmem_measure_all(self) -> bool:
+        return self.budget is not None or self.limit is not None
+
     def pytest_tfmem_trackers(self) -> list[PeakTracker]:
         return self.nvml_trackers()
 
@@ -289,7 +287,7 @@ class TfmemGpu:
             if problem:
                 problems.append(problem)
             else:
-                self.applied_limit = self.limit
+                config.stash[APPLIED_LIMIT] = self.limit
         if self.growth_too_late and tf.config.list_physical_devices("GPU"):
             problems.append(
                 f"GPU memory growth not turned on: TensorFlow had initialised its GPUs before pytest-tfmem "
@@ -321,7 +319,8 @@ class TfmemGpu:
             if record is None or verdict is None:
                 raise
             trace = record.extra.get("trace", {}).get("shown_directory")
-            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, self.applied_limit, trace)
+            limit = self.config.stash.get(APPLIED_LIMIT, None)
+            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, limit, trace)
             record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
             publish(item, record)
             failure = DeviceOutOfMemory(message)

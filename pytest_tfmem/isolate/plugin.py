@@ -24,12 +24,12 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import failure_for
-from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
+from pytest_tfmem.isolate.child import ChildSpec, read_events
 from pytest_tfmem.isolate.results import (
     PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
@@ -43,10 +43,8 @@ from pytest_tfmem.isolate.results import (
 )
 from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
 from pytest_tfmem.probes import system
-from pytest_tfmem.trace.plugin import PLUGIN_NAME as TRACE_PLUGIN
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-PLUGIN_NAME = "tfmem-isolation"
 WATCH_INTERVAL_S = 0.02
 OUTPUT_LINES = 30
 
@@ -63,6 +61,7 @@ KILL_AT = settings.Option(
     f"with a kill_at runs isolated; {SIZE_FORMS}",
     settings.parse_optional_size,
 )
+
 
 class MemoryLimitWarning(pytest.PytestWarning):
     """A budget or ``kill_at`` above the memory limit that applies: the OOM killer comes first."""
@@ -82,11 +81,12 @@ def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if IN_CHILD in config.stash:
+    role = processes.role(config)
+    if role is processes.Role.CHILD:
         return
     isolation = TfmemIsolation(config)
-    config.pluginmanager.register(isolation, PLUGIN_NAME)
-    if not hasattr(config, "workerinput"):
+    config.pluginmanager.register(isolation, "tfmem-isolation")
+    if role.writes_session_outputs:
         isolation.warn_about_global_limits()
 
 
@@ -107,6 +107,10 @@ class TfmemIsolation:
         self.isolated_records: list[TestRecord] = []
 
     # -- policy and warnings --------------------------------------------------------------
+
+    def pytest_tfmem_measure_all(self) -> bool:
+        """Isolated by an option, every test is measured, each in its own process."""
+        return self.isolate or self.kill_at is not None
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
@@ -183,7 +187,7 @@ class TfmemIsolation:
             events=str(workdir / "events.jsonl"),
             basetemp=str(workdir / "basetemp"),
             parent_pid=os.getpid(),
-            trace_session=_trace_session(self.config, item),
+            session=processes.session(self.config).to_dict(),
         )
         spec.write(workdir / "spec.json")
         with open(workdir / "output.log", "wb") as output:
@@ -279,12 +283,6 @@ class TfmemIsolation:
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
         for line in render_table(isolated_rows(self.isolated_records)):
             terminalreporter.write_line(line)
-
-
-def _trace_session(config: pytest.Config, item: pytest.Item) -> str | None:
-    """Where the child writes a trace of the test: this session's trace directory (if it may trace)."""
-    tracing = config.pluginmanager.get_plugin(TRACE_PLUGIN)
-    return tracing.session_for_child(item) if tracing is not None else None
 
 
 def _evaluate_xfail(item: pytest.Item) -> None:
