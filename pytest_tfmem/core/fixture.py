@@ -98,14 +98,6 @@ class TfmemFixture:
         self.leak_reports.append(report)
         return report
 
-    def assert_no_leak(
-        self,
-        fn: Callable[[], object],
-        iterations: int = leaks.DEFAULT_ITERATIONS,
-        warmup: int = leaks.DEFAULT_WARMUP,
-        max_growth: int | str = leaks.DEFAULT_MAX_GROWTH,
-    ) -> leaks.LeakReport:
-        """``leak_check``, then fail the test with ``LeakDetected`` if it grew over ``max_growth``."""
-        report = self.leak_check(fn, iterations, warmup, max_growth)
-        leaks.raise_if_leaked(report)
-        return report
+    assert_no_leak = leaks.failing_on_leak(
+        leak_check, "``leak_check``, then fail the test with ``LeakDetected`` if it grew over ``max_growth``."
+    )

@@ -61,13 +61,10 @@ PATH_HELP = (
 
 
 def parse_positive_int(value: object, what: str) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = -1
-    if isinstance(value, bool) or number < 1:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
         raise ValueError(f"invalid {what} {value!r}: expected a whole number >= 1")
-    return number
+    return int(text)
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ window (the test's own, ``tfmem.measure()``) still sees the loop's overall peak.
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, ParamSpec
 
 from pytest_tfmem.core import measure
 from pytest_tfmem.core.verdict import Verdict, view_label
@@ -33,6 +34,7 @@ DEFAULT_ITERATIONS = 10
 DEFAULT_WARMUP = 3
 DEFAULT_MAX_GROWTH = "1MB"
 _SHOWN_READINGS = 12
+P = ParamSpec("P")
 
 
 def theil_sen_slope(levels: list[int] | tuple[int, ...]) -> float:
@@ -111,17 +113,10 @@ class LeakReport:
     __str__ = describe
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "iterations": self.iterations,
-            "warmup": self.warmup,
-            "max_growth": self.max_growth,
-            "growth_per_iteration": self.growth_per_iteration,
-            "leaked": self.leaked,
-            "series": {view: list(levels) for view, levels in self.series.items()},
-            "slopes": dict(self.slopes),
-            "diagnosis": self.diagnosis.to_dict(),
-            "duration_s": self.duration_s,
-        }
+        """The fields (the diagnosis's too), with ``growth_per_iteration`` and ``leaked``."""
+        data = asdict(self)
+        data["series"] = {view: list(levels) for view, levels in self.series.items()}
+        return {**data, "growth_per_iteration": self.growth_per_iteration, "leaked": self.leaked}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeakReport:
@@ -233,16 +228,22 @@ def current_levels(trackers: Sequence[measure.PeakTracker] = ()) -> dict[str, in
     return {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
 
 
-def assert_no_leak(
-    fn: Callable[[], object],
-    iterations: int = DEFAULT_ITERATIONS,
-    warmup: int = DEFAULT_WARMUP,
-    max_growth: int | str = DEFAULT_MAX_GROWTH,
-) -> LeakReport:
-    """Like ``leak_check``, but raise ``LeakDetected`` (with the report's table) on a leak."""
-    report = leak_check(fn, iterations=iterations, warmup=warmup, max_growth=max_growth)
-    raise_if_leaked(report)
-    return report
+def failing_on_leak(check: Callable[P, LeakReport], doc: str) -> Callable[P, LeakReport]:
+    """``check`` (a leak check, same arguments), then ``raise_if_leaked`` on its report."""
+
+    @functools.wraps(check)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> LeakReport:
+        report = check(*args, **kwargs)
+        raise_if_leaked(report)
+        return report
+
+    checked.__doc__ = doc
+    return checked
+
+
+assert_no_leak = failing_on_leak(
+    leak_check, "Like ``leak_check``, but raise ``LeakDetected`` (with the report's table) on a leak."
+)
 
 
 def raise_if_leaked(report: LeakReport) -> None:
