@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -224,13 +224,7 @@ class Probes:
             tf = tf_probe.loaded_tensorflow()
             if tf is not None and tf_probe.runtime_started():
                 self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
-        return [self.host, *(self.tf_devices or []), *(t for provide in TRACKER_PROVIDERS for t in provide())]
-
-
-# More trackers for every window, from feature plugins (e.g. NVML's per-GPU views). A provider
-# returns the same trackers at every call, so nested windows fold correctly. Their views are
-# reported beside the others; ``Measurement.peak`` reads only host and ``tf:CPU`` views.
-TRACKER_PROVIDERS: list[Callable[[], list[PeakTracker]]] = []
+        return [self.host, *(self.tf_devices or [])]
 
 _probes: Probes | None = None
 
@@ -247,14 +241,22 @@ class Monitor:
 
     ``collect`` is how garbage is collected before the window opens (``gc.collect`` by default;
     the per-test windows use ``garbage.Collector.collect``, which costs only the new objects).
+    ``trackers`` are read besides the process-wide ones (host, TensorFlow's allocators): the
+    features' own (``pytest_tfmem_trackers``), the same objects for every window of a test.
     """
 
     def __init__(
-        self, *, release_first: bool = True, collect: Callable[[], object] = gc.collect, sample_mixed: bool = False
+        self,
+        *,
+        release_first: bool = True,
+        collect: Callable[[], object] = gc.collect,
+        sample_mixed: bool = False,
+        trackers: Sequence[PeakTracker] = (),
     ) -> None:
         self.release_first = release_first
         self.collect = collect
         self.sample_mixed = sample_mixed  # the per-test window: also sample host + TF memory held at once
+        self.trackers = tuple(trackers)
         self._mixed: MixedSampler | None = None
         self.measurement: Measurement | None = None
         self._windows: list[tuple[PeakTracker, _Window]] = []
@@ -263,7 +265,7 @@ class Monitor:
     def start(self) -> Monitor:
         if self.release_first:
             host.release_freed_memory(self.collect)
-        self._windows = [(tracker, tracker.open()) for tracker in probes().trackers()]
+        self._windows = [(tracker, tracker.open()) for tracker in (*probes().trackers(), *self.trackers)]
         self._mixed = probes().mixed_sampler() if self.sample_mixed else None
         if self._mixed is not None:
             self._mixed.arm()

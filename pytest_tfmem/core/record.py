@@ -85,17 +85,26 @@ class TestRecord:
         return properties
 
 
-def republish(item: pytest.Item, record: TestRecord) -> None:
-    """Refresh the record already attached to the item's properties after a change to it."""
-    fresh = record.user_properties()[0]
-    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+def publish(holder: pytest.Item | pytest.TestReport, record: TestRecord) -> None:
+    """Put the record on ``holder``'s properties: an item's (the reports made from it carry
+    them) or a report's. The one way to update a record after the fact: change it, publish it
+    again, and its earlier properties are replaced where they stand."""
+    fresh = dict(record.user_properties())
+    properties = [(name, fresh.pop(name, value)) for name, value in holder.user_properties]
+    holder.user_properties[:] = [*properties, *fresh.items()]
+
+
+def published_record(holder: pytest.Item | pytest.TestReport) -> TestRecord | None:
+    """The record ``publish`` put on ``holder``, or ``None``."""
+    for name, value in holder.user_properties:
+        if name == PROPERTY and isinstance(value, str):
+            return TestRecord.from_dict(json.loads(value))
+    return None
 
 
 def record_from_report(report: pytest.TestReport) -> TestRecord | None:
     """The record a report carries, with the report's outcome, or ``None``."""
-    for name, value in report.user_properties:
-        if name == PROPERTY and isinstance(value, str):
-            record = TestRecord.from_dict(json.loads(value))
-            record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
-            return record
-    return None
+    record = published_record(report)
+    if record is not None:
+        record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    return record

@@ -17,19 +17,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
-from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
+from pytest_tfmem.errors import failure_for
+from pytest_tfmem.isolate.child import ChildSpec, read_events
 from pytest_tfmem.isolate.results import (
+    PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
     complete,
     death_message,
@@ -41,10 +43,8 @@ from pytest_tfmem.isolate.results import (
 )
 from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
 from pytest_tfmem.probes import system
-from pytest_tfmem.trace.plugin import PLUGIN_NAME as TRACE_PLUGIN
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-PLUGIN_NAME = "tfmem-isolation"
 WATCH_INTERVAL_S = 0.02
 OUTPUT_LINES = 30
 
@@ -61,11 +61,6 @@ KILL_AT = settings.Option(
     f"with a kill_at runs isolated; {SIZE_FORMS}",
     settings.parse_optional_size,
 )
-settings.MARKER_KEYWORDS["isolate"] = settings.parse_bool
-settings.MARKER_KEYWORDS["kill_at"] = settings.parse_optional_size
-
-
-FAILURE_BY_CHECK.update({"kill_at": KilledAtLimit, "signal": KilledBySignal, "died": IsolatedTestDied})
 
 
 class MemoryLimitWarning(pytest.PytestWarning):
@@ -81,12 +76,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, [ISOLATE, KILL_AT])
 
 
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"isolate": settings.parse_bool, "kill_at": settings.parse_optional_size}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if IN_CHILD in config.stash:
+    role = processes.role(config)
+    if role is processes.Role.CHILD:
         return
     isolation = TfmemIsolation(config)
-    config.pluginmanager.register(isolation, PLUGIN_NAME)
-    if not hasattr(config, "workerinput"):
+    config.pluginmanager.register(isolation, "tfmem-isolation")
+    if role.writes_session_outputs:
         isolation.warn_about_global_limits()
 
 
@@ -107,6 +107,10 @@ class TfmemIsolation:
         self.isolated_records: list[TestRecord] = []
 
     # -- policy and warnings --------------------------------------------------------------
+
+    def pytest_tfmem_measure_all(self) -> bool:
+        """Isolated by an option, every test is measured, each in its own process."""
+        return self.isolate or self.kill_at is not None
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
@@ -183,7 +187,7 @@ class TfmemIsolation:
             events=str(workdir / "events.jsonl"),
             basetemp=str(workdir / "basetemp"),
             parent_pid=os.getpid(),
-            trace_session=_trace_session(self.config, item),
+            session=processes.session(self.config).to_dict(),
         )
         spec.write(workdir / "spec.json")
         with open(workdir / "output.log", "wb") as output:
@@ -243,15 +247,15 @@ class TfmemIsolation:
             verdicts=[Verdict(check, False, message)],
             extra={"isolated": isolated},
         )
-        failure = FAILURE_BY_CHECK[check](message)
+        failure = failure_for(check, message)
 
         def raise_failure() -> None:
             raise failure
 
         _evaluate_xfail(item)
         item.stash[core.RECORD] = record  # the core adds its section to the call report
-        item.user_properties.extend(record.user_properties())  # reports made from the item carry it
-        item.user_properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
+        publish(item, record)  # reports made from the item carry it
+        item.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
         report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))
         report.duration = result.elapsed_s  # the child's whole run: the phase's own share is unknown
         if output:
@@ -279,12 +283,6 @@ class TfmemIsolation:
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
         for line in render_table(isolated_rows(self.isolated_records)):
             terminalreporter.write_line(line)
-
-
-def _trace_session(config: pytest.Config, item: pytest.Item) -> str | None:
-    """Where the child writes a trace of the test: this session's trace directory (if it may trace)."""
-    tracing = config.pluginmanager.get_plugin(TRACE_PLUGIN)
-    return tracing.session_for_child(item) if tracing is not None else None
 
 
 def _evaluate_xfail(item: pytest.Item) -> None:

@@ -1,4 +1,4 @@
-"""Reading the results journal (``journal.py``): what ``tfmem last`` prints.
+"""Reading the results journal (``journal.format``): what ``tfmem last`` prints.
 
 The journal's last session is told in full: whether it finished (its ``end`` entry), is
 still running (its pytest process is alive) or stopped without finishing; each test started
@@ -7,14 +7,13 @@ and never finished, with its last memory reading; and the tests that finished.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from pytest_tfmem.journal.plugin import DEFAULT_PATH, SAMPLE_INTERVAL_S
+from pytest_tfmem.journal.format import DEFAULT_PATH, SAMPLE_INTERVAL_S, read_journal
 from pytest_tfmem.units import format_size
 
 EXIT_FINISHED = 0
@@ -29,20 +28,6 @@ def find_results(start: Path | None = None) -> Path | None:
         if (candidate / DEFAULT_PATH).is_file():
             return candidate / DEFAULT_PATH
     return None
-
-
-def read_journal(path: Path) -> list[dict[str, Any]]:
-    """The journal's entries; a line cut short by a kill is skipped."""
-    entries = []
-    with open(path, encoding="utf-8", errors="replace") as journal:
-        for line in journal:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
 
 
 def _clock(timestamp: float) -> str:
