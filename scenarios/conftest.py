@@ -53,13 +53,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def keras_warmed_up() -> None:
     """Keras's one-time costs paid before any scenario is measured (set-up is not charged)."""
-    import tensorflow as tf
-
     from .warmup import warm_up_keras
 
-    if not str(getattr(tf.keras, "__version__", "")).startswith("3."):
-        pytest.skip("the scenarios' budgets are measured with Keras 3; tf.keras is not Keras 3 here "
-                    "(TF_USE_LEGACY_KERAS=1?)")
     warm_up_keras()
 
 

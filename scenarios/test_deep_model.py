@@ -6,7 +6,7 @@ import pytest
 
 from pytest_tfmem import BudgetExceeded
 
-from . import deep_model, scale
+from . import deep_model, keras_3, scale
 
 pytestmark = [pytest.mark.scenario("2. deep model: training"), pytest.mark.usefixtures("keras")]
 # Measured at scale 1 (host and TF memory held at once counted together, so the same in any
@@ -43,6 +43,8 @@ def test_fix_bfloat16_weights():
 
 @pytest.mark.variant("fix", "SGD: no per-weight optimizer state")
 @pytest.mark.tfmem(budget=TRAINING_BUDGET)
+@pytest.mark.skipif(not keras_3(), reason="Keras 3 only: with tf-keras an SGD step peaks at ~180-190 MiB, "
+                    "within 10% of the budget (Adam ~235 MiB): the saving is measured with Keras 3")
 def test_fix_stateless_optimizer():
     deep_model.fix_stateless_optimizer()
 
