@@ -3,7 +3,9 @@
 Every scenario module exposes its variants as plain functions with a size parameter, so they
 run outside pytest too; its ``test_*`` module states the plugin's verdict on each variant.
 Sizes are small by default; ``TFMEM_SCENARIO_SCALE=4 pytest scenarios`` makes the
-size-dependent ones four times larger (the problems grow, the fixes stay flat).
+size-dependent ones four times larger: the large dataset's and the big batch's problems grow
+while their fixes stay flat; the deep model grows as a whole, fixes included (its parameter
+count follows the scale), and so do its budgets.
 
 The budgets are measured with Keras 3. Under Keras 2 (``TF_USE_LEGACY_KERAS=1`` with tf-keras)
 the scenarios run too; the few claims that hold only for Keras 3 skip there, saying why.

@@ -19,6 +19,7 @@ NO_CACHE = ("-p", "no:cacheprovider", "--tfmem-trace=off")
 # TensorFlow's own reading of the variable: tf.keras is then tf-keras in the inner runs.
 KERAS_2 = os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1")
 PRUNING = all(importlib.util.find_spec(name) is not None for name in ("tensorflow_model_optimization", "tf_keras"))
+MiB = 2**20
 
 
 def copy_scenarios(pytester: pytest.Pytester) -> Path:
@@ -123,3 +124,38 @@ def test_the_scenario_suite_passes_a_4GB_budget_and_prints_all_five_scenarios(py
         ])
     if KERAS_2:
         result.stdout.fnmatch_lines(["SKIPPED *test_deep_model.py:*: Keras 3 only: with tf-keras an SGD step *"])
+
+
+# At each scale: the large dataset's and the big batch's problem and fix, and one deep-model fix.
+SCALED = ("test_problem_whole_dataset_in_memory", "test_fix_streamed_from_files", "test_problem_big_batch",
+          "test_fix_small_batch", "test_fix_bfloat16_weights")
+
+
+@pytest.mark.slow
+def test_at_twice_the_scale_the_problems_grow_the_fixes_stay_flat_and_the_deep_model_grows(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, run_subprocess_records
+):
+    copy_scenarios(pytester)
+    peaks: dict[tuple[str, str], int] = {}
+    for scale in ("1", "2"):
+        monkeypatch.setenv("TFMEM_SCENARIO_SCALE", scale)
+        result, records = run_subprocess_records(
+            "scenarios/test_large_dataset.py", "scenarios/test_big_batch.py", "scenarios/test_deep_model.py",
+            "-k", " or ".join(SCALED), "--tfmem-trace=off",
+        )
+        # Both scales: the problems are still caught by budgets that the fixes still meet.
+        result.assert_outcomes(passed=3, xfailed=2)
+        for name in SCALED:
+            peaks[name, scale] = records[name].measurement.peak
+    numbers = {f"{name} x{scale}": f"{peak / MiB:.1f} MiB" for (name, scale), peak in peaks.items()}
+
+    def growth(name: str) -> int:
+        return peaks[name, "2"] - peaks[name, "1"]
+
+    for problem, fix in (("test_problem_whole_dataset_in_memory", "test_fix_streamed_from_files"),
+                         ("test_problem_big_batch", "test_fix_small_batch")):
+        assert peaks[problem, "2"] > 1.5 * peaks[problem, "1"], numbers
+        assert growth(fix) < 0.25 * growth(problem), numbers
+    # The deep model's width follows the square root of the scale: its parameters, and so its
+    # fixes' peaks, follow the scale itself.
+    assert peaks["test_fix_bfloat16_weights", "2"] > 1.5 * peaks["test_fix_bfloat16_weights", "1"], numbers
