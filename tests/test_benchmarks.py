@@ -123,3 +123,11 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
         cells = table_row(written, suite)
         assert cells[1] == tests and cells[4].startswith("x") and cells[8].startswith("x"), cells
     assert "RSS growth from test 20 to the last test of `drift`" in written
+
+
+def test_a_page_says_when_its_timings_were_taken_on_a_busy_machine():
+    from benchmarks import machine
+
+    assert machine.busy_warning(1.6, 1.9, cores=2) is None
+    warning = machine.busy_warning(1.6, 11.2, cores=2)
+    assert warning is not None and "exceeded its 2 cores" in warning and "memory figures" in warning
