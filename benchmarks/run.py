@@ -190,8 +190,12 @@ a heavier test (600 MB) in the same session. The heavier NumPy test keeps a 64 K
 allocated above its arrays as a cache or a log would be, so glibc cannot hand the freed arrays
 back from the top of its heap. The reference is the test function run once in a fresh
 interpreter by `benchmarks/reference.py` (TensorFlow's runtime started first), read from the
-kernel's high-water mark: no pytest and no pytest-tfmem code. Runs in the first two
-repetitions only: its figures barely vary and its TensorFlow sessions take most of the time.""",
+kernel's high-water mark: no pytest and no pytest-tfmem code. What tells the tools apart: after
+a heavier test, the memory a test needs is already resident, so RSS sampling sees little of it,
+and TensorFlow serves the tensors from its pool without a new allocation, which allocation
+tracking (pytest-memray, counting bytes allocated, touched or not) does not see either. Runs in
+the first two repetitions only: its figures barely vary and its TensorFlow sessions take most of
+the time.""",
     "leaks": """\
 **Leaks.** A loop step does temporary work (a 2 MB scratch array, small Python objects) and,
 when leaking, keeps a small object holding 0.25, 0.5, 1 or 2 MB in a module-level list. Every
