@@ -124,7 +124,11 @@ def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, com
     repetitions = f"{sizes.repeat} repetition" + ("s" if sizes.repeat > 1 else "")
     if {"order", "isolation"} & set(sections) and slow < sizes.repeat:
         repetitions += f", {slow} for order independence and isolation"
-    lines = [*header, f"Command: `{command}` ({repetitions}).", ""]
+    lines = [*header, f"Command: `{command}` ({repetitions})."]
+    if sizes.repeat < FULL.repeat or sizes.runs < FULL.runs:
+        lines.append(f"A smaller run than the default ({FULL.repeat} repetitions, {FULL.runs} spike and leak runs per "
+                     f"contender; here {sizes.repeat} and {sizes.runs}): its medians and counts rest on fewer runs.")
+    lines.append("")
     titles = {
         "overhead": ("**Overhead**: test time (call phase start to report ready; imports, collection and "
                      "fixtures excluded), median, and change against no plugin."),

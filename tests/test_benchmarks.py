@@ -45,6 +45,7 @@ def test_spike_workload_runs_under_every_contender_and_renders(tmp_path):
     assert markdown.startswith("# Benchmarks: pytest-tfmem and the alternatives\n")
     assert completed.stdout.strip() in markdown
     assert "Command: `python benchmarks/run.py --quick --workloads spike --runs 1 --output " in markdown
+    assert "A smaller run than the default (3 repetitions, 20 spike and leak runs per contender; here 1 and 1)" in markdown
     method = markdown.split("## How it measures", 1)[1]
     assert "**Spike.**" in method and "**Leaks.**" not in method
     assert [path.name for path in tmp_path.iterdir()] == ["bench.md"]  # written by a rename: no temporary left
