@@ -119,13 +119,21 @@ def run_all(steps: list[tuple[int, Job | tuple[str, str]]], repeat: int) -> tabl
     return results
 
 
+def smaller_than_default(sections: tuple[str, ...], sizes: Sizes) -> bool:
+    """Whether the sections run rest on fewer repetitions or runs than a default run gives them."""
+    repeated = {"overhead", "spike", "leaks"} & set(sections) and sizes.repeat < FULL.repeat
+    fewer_runs = {"spike", "leaks"} & set(sections) and sizes.runs < FULL.runs
+    slow = {"order", "isolation"} & set(sections) and min(sizes.repeat, sizes.slow_repeat) < FULL.slow_repeat
+    return bool(repeated or fewer_runs or slow)
+
+
 def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, command: str, header: list[str]) -> str:
     slow = min(sizes.repeat, sizes.slow_repeat)
     repetitions = f"{sizes.repeat} repetition" + ("s" if sizes.repeat > 1 else "")
     if {"order", "isolation"} & set(sections) and slow < sizes.repeat:
         repetitions += f", {slow} for order independence and isolation"
     lines = [*header, f"Command: `{command}` ({repetitions})."]
-    if sizes.repeat < FULL.repeat or sizes.runs < FULL.runs:
+    if smaller_than_default(sections, sizes):
         lines.append(f"A smaller run than the default ({FULL.repeat} repetitions, {FULL.runs} spike and leak runs per "
                      f"contender; here {sizes.repeat} and {sizes.runs}): its medians and counts rest on fewer runs.")
     lines.append("")

@@ -132,3 +132,13 @@ def test_a_page_says_when_its_timings_were_taken_on_a_busy_machine():
     assert machine.busy_warning(1.6, 1.9, cores=2) is None
     warning = machine.busy_warning(1.6, 11.2, cores=2)
     assert warning is not None and "exceeded its 2 cores" in warning and "memory figures" in warning
+
+
+def test_a_smaller_run_is_named_only_where_its_sections_had_fewer_runs():
+    from benchmarks import run
+
+    assert not run.smaller_than_default(("order",), run.Sizes(repeat=2, overhead_tests=3, runs=20, isolation_tests=2))
+    assert not run.smaller_than_default(("order", "isolation"), run.FULL)
+    assert run.smaller_than_default(("order",), run.Sizes(repeat=1, overhead_tests=3, runs=20, isolation_tests=2))
+    assert run.smaller_than_default(("spike",), run.Sizes(repeat=3, overhead_tests=3, runs=10, isolation_tests=2))
+    assert run.smaller_than_default(("overhead", "order"), run.Sizes(repeat=2, overhead_tests=3, runs=20, isolation_tests=2))
