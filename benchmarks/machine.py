@@ -43,8 +43,19 @@ def versions() -> str:
 def header_lines(
     day: datetime.date, seconds: float, load_before: tuple[float, ...], load_after: tuple[float, ...]
 ) -> list[str]:
-    return [
+    lines = [
         f"Run on {day.isoformat()}, {description()}; took {seconds / 60:.1f} min.",
         f"Load average (1 min) {load_before[0]:.1f} at the start, {load_after[0]:.1f} at the end.",
         f"Versions: {versions()}.",
     ]
+    busy = busy_warning(load_before[0], load_after[0], os.cpu_count() or 1)
+    return lines + ([busy] if busy else [])
+
+
+def busy_warning(load_before: float, load_after: float, cores: int) -> str | None:
+    """A line for runs where other processes wanted more cores than the machine has."""
+    if max(load_before, load_after) <= cores:
+        return None
+    return (f"**A busy machine**: the load average exceeded its {cores} cores, so the benchmarks shared the "
+            "CPUs with other work and their timings (and the targets on them) are noisy; the memory figures "
+            "and counts do not depend on the load.")

@@ -1,14 +1,16 @@
 """Benchmark pytest-tfmem against the alternatives; print the results as Markdown.
 
-    python benchmarks/run.py                       # everything (under 10 minutes on 2 cores)
-    python benchmarks/run.py --output bench.md     # also write the Markdown to a file
+    python benchmarks/run.py                                  # everything (under 10 minutes on 2 cores)
+    python benchmarks/run.py --output docs/benchmarks.md      # also write the page docs/ links to
     python benchmarks/run.py --quick --workloads spike,leaks
 
 Every workload is a real pytest run in a fresh process (``benchmarks/workloads``). Each
 repetition runs every contender on every selected workload (order independence and
 isolation: the first two repetitions only), the contenders' order rotating from one
 repetition to the next, so slow spells of a shared machine spread over all of them.
-Progress goes to stderr, the tables to stdout.
+Progress goes to stderr, the tables to stdout. ``--output`` writes them as a page of their own
+(title, the command and the machine, the tables, then how each section was measured), atomically,
+so a run that fails or is interrupted leaves the old page as it was.
 """
 
 from __future__ import annotations
@@ -117,12 +119,24 @@ def run_all(steps: list[tuple[int, Job | tuple[str, str]]], repeat: int) -> tabl
     return results
 
 
+def smaller_than_default(sections: tuple[str, ...], sizes: Sizes) -> bool:
+    """Whether the sections run rest on fewer repetitions or runs than a default run gives them."""
+    repeated = {"overhead", "spike", "leaks"} & set(sections) and sizes.repeat < FULL.repeat
+    fewer_runs = {"spike", "leaks"} & set(sections) and sizes.runs < FULL.runs
+    slow = {"order", "isolation"} & set(sections) and min(sizes.repeat, sizes.slow_repeat) < FULL.slow_repeat
+    return bool(repeated or fewer_runs or slow)
+
+
 def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, command: str, header: list[str]) -> str:
     slow = min(sizes.repeat, sizes.slow_repeat)
     repetitions = f"{sizes.repeat} repetition" + ("s" if sizes.repeat > 1 else "")
     if {"order", "isolation"} & set(sections) and slow < sizes.repeat:
         repetitions += f", {slow} for order independence and isolation"
-    lines = [*header, f"Command: `{command}` ({repetitions}).", ""]
+    lines = [*header, f"Command: `{command}` ({repetitions})."]
+    if smaller_than_default(sections, sizes):
+        lines.append(f"A smaller run than the default ({FULL.repeat} repetitions, {FULL.runs} spike and leak runs per "
+                     f"contender; here {sizes.repeat} and {sizes.runs}): its medians and counts rest on fewer runs.")
+    lines.append("")
     titles = {
         "overhead": ("**Overhead**: test time (call phase start to report ready; imports, collection and "
                      "fixtures excluded), median, and change against no plugin."),
@@ -145,6 +159,80 @@ def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, com
     return "\n".join(lines)
 
 
+PAGE_TITLE = "# Benchmarks: pytest-tfmem and the alternatives"
+PAGE_NOTE = (
+    "Written by `benchmarks/run.py`; do not edit it by hand: run the command named below again "
+    '(after `pip install -e ".[bench]"`) to refresh it. The figures are this machine\'s, on the day named; '
+    "how each section measures is at the end."
+)
+METHOD_INTRO = """\
+Every workload (`benchmarks/workloads/`) is a real pytest session in a fresh process, started
+from a scratch directory with an empty `pytest.ini` and plugin auto-loading off, so each process
+holds exactly one contender's plugin. Each repetition runs every contender, in an order that
+rotates from one repetition to the next, so a slow spell of a shared machine spreads over all of
+them. TensorFlow runs with oneDNN on (`TF_ENABLE_ONEDNN_OPTS=1`), as in the project's tests.
+
+| contender | switched on by | its peak figure |
+|---|---|---|
+| no plugin | nothing | none |
+| pytest-tfmem | `--tfmem-budget=64GB`, a budget never reached: every test measured, none failed \
+| the test's record (`tfmem_peak_bytes`) |
+| pytest-memray `limit_memory` | `@pytest.mark.limit_memory("64 GB")` on every test \
+| the peak memray recorded for the test, which `limit_memory` compares with its limit |
+| memory_profiler 0.1 s / 0.01 s | the test body run inside `memory_usage((body, (), kwargs), \
+interval=..., max_usage=True, max_iterations=1)`, as pytest-monitor does (0.1 s is its default) \
+| largest RSS sample minus the RSS before the call |"""
+METHOD = {
+    "overhead": """\
+**Overhead.** Test time runs from the start of the call phase to the moment its report is
+ready: what a tool does before and after the body counts (pytest-memray reads its capture file
+at report time); imports, collection and fixtures do not. CPU time is user + system time over
+the same span, of the process and the children it waited for (memory_profiler's sampler). The
+cost pytest-tfmem adds is per test, not proportional to it, so a short test shows it as a larger
+share; `benchmarks/suite_overhead.py` measures it on whole suites
+([suite-overhead.md](suite-overhead.md)).""",
+    "spike": """\
+**Spike.** `np.ones(250 MB)` held 5 ms, once per test. A run counts when the reported peak is
+at least 225 MB. Filling 250 MB takes longer than the 5 ms the array lives, longer still on a
+loaded machine, so how often a sampler catches it varies from run to run.""",
+    "order": """\
+**Order independence.** A NumPy test (300 MB of 100 KB arrays), a TensorFlow test (300 MB of
+tensors) and a mixed test (the NumPy data held while the tensors are made) run alone, and after
+a heavier test (600 MB) in the same session. The heavier NumPy test keeps a 64 KB result,
+allocated above its arrays as a cache or a log would be, so glibc cannot hand the freed arrays
+back from the top of its heap. The reference is the test function run once in a fresh
+interpreter by `benchmarks/reference.py` (TensorFlow's runtime started first), read from the
+kernel's high-water mark: no pytest and no pytest-tfmem code. What tells the tools apart: after
+a heavier test, the memory a test needs is already resident, so RSS sampling sees little of it,
+and TensorFlow serves the tensors from its pool without a new allocation, which allocation
+tracking (pytest-memray, counting bytes allocated, touched or not) does not see either. Runs in
+the first two repetitions only: its figures barely vary and its TensorFlow sessions take most of
+the time.""",
+    "leaks": """\
+**Leaks.** A loop step does temporary work (a 2 MB scratch array, small Python objects) and,
+when leaking, keeps a small object holding 0.25, 0.5, 1 or 2 MB in a module-level list. Every
+check runs the step 3 times to warm up, then 10 times: `tfmem.assert_no_leak(step,
+iterations=10, warmup=3, max_growth=...)` at the default `"1MB"` (growth up to 1 MB per
+iteration passes by design) and at `"100KB"`; pytest-memray's `@pytest.mark.limit_leaks("1 MB")`
+(the value its documentation shows; it judges bytes left allocated per allocation site over the
+whole test, warm-up included) around the same 13 calls; and TensorFlow's object-count approach
+written by hand (its `assert_no_new_pyobjects_executing_eagerly` does not run under pytest):
+count gc-tracked objects by type after the warm-up and after the loop, fail if any type grew.
+Counting objects sees only objects the collector tracks (a list of NumPy arrays grows unseen).
+Time to verdict is the test time of the check.""",
+    "isolation": """\
+**Isolation.** Two small tests per session, the whole `pytest` process timed, in process and
+with `--tfmem-isolate`: each isolated test pays a fresh interpreter, and a TensorFlow test its
+import and runtime start again. Runs in the first two repetitions only.""",
+}
+
+
+def page(tables_markdown: str, sections: tuple[str, ...]) -> str:
+    """What ``--output`` writes: the title, how the page is made, the tables, then how each section measures."""
+    method = [METHOD_INTRO, *(METHOD[section] for section in SECTIONS if section in sections)]
+    return "\n\n".join([PAGE_TITLE, PAGE_NOTE, tables_markdown.rstrip(), "## How it measures", *method]) + "\n"
+
+
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -154,7 +242,9 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, help=f"spike and leak runs per contender (default {FULL.runs})")
     parser.add_argument("--workloads", default=",".join(SECTIONS),
                         help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
-    parser.add_argument("--output", type=Path, help="also write the Markdown to this file")
+    parser.add_argument("--output", type=Path,
+                        help="also write the results as a Markdown page to this file (atomically), "
+                             "e.g. docs/benchmarks.md")
     arguments = parser.parse_args(argv)
     sections = tuple(s.strip() for s in arguments.workloads.split(",") if s.strip())
     unknown = [s for s in sections if s not in SECTIONS]
@@ -190,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(results, arguments.sections, sizes, command.strip(), header)
     print(markdown)
     if arguments.output:
-        write_text_atomic(arguments.output, markdown + "\n")
+        write_text_atomic(arguments.output, page(markdown, arguments.sections))
     return 0
 
 

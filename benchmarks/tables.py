@@ -123,8 +123,9 @@ def overhead_section(results: Results) -> list[str]:
     costs = [f"{label.split(' (')[0]} {cost}" for workload, label in OVERHEAD_WORKLOADS
              if (cost := gc_cost(results, workload)) is not None]
     if costs:
-        note = ("One full `gc.collect()` (what pytest-tfmem runs before every measured test) in the same "
-                f"processes, with no plugin, after the tests: {'; '.join(costs)}.")
+        note = ("One full `gc.collect()` in the same processes, with no plugin, after the tests (for scale: "
+                "pytest-tfmem collects only new objects before a measured test, and everything now and then): "
+                f"{'; '.join(costs)}.")
         lines += ["", note]
     return lines
 

@@ -189,7 +189,7 @@ def _outcome(report: pytest.TestReport, variant: dict[str, str]) -> str:
     if report.skipped:
         return "skipped"
     if role != "fix" and "XPASS(strict)" in str(report.longrepr):
-        return "NOT CAUGHT" if role == "problem" else "SAVED MEMORY: update the README"
+        return "NOT CAUGHT" if role == "problem" else "SAVED MEMORY: update docs/scenarios.md"
     return "FAILED"
 
 

@@ -1,7 +1,7 @@
 """Scenario 2, deep model: what actually lowers a big model's memory on a CPU.
 
 Training a wide, deep float32 model with Adam holds the weights, their gradients and two Adam
-slots per weight: four copies of the parameters. Measured here (see README, "Scenarios"):
+slots per weight: four copies of the parameters. Measured here (see docs/scenarios.md):
 fewer parameters, bfloat16 weights and an optimizer without per-weight state lower the peak;
 mixed precision (``mixed_float16``, ``mixed_bfloat16``) does not on CPU, since it keeps
 float32 weights and adds low-precision copies. For inference, post-training quantization

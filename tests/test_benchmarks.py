@@ -1,7 +1,7 @@
 """The benchmark harness (``benchmarks/run.py``): its workloads run and its tables render.
 
 These check the harness, not the numbers: the sizes are the smallest that exercise every
-contender. The README's table comes from a full run.
+contender. docs/benchmarks.md is written by a full run (``--output docs/benchmarks.md``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,14 @@ def test_spike_workload_runs_under_every_contender_and_renders(tmp_path):
     completed = run_benchmarks("--quick", "--workloads", "spike", "--runs", "1", "--output", str(output))
     assert completed.returncode == 0, completed.stderr
     markdown = output.read_text()
-    assert markdown.strip() == completed.stdout.strip()
+    # the page: a title, the tables printed on stdout, then how the sections it holds measure
+    assert markdown.startswith("# Benchmarks: pytest-tfmem and the alternatives\n")
+    assert completed.stdout.strip() in markdown
+    assert "Command: `python benchmarks/run.py --quick --workloads spike --runs 1 --output " in markdown
+    assert "A smaller run than the default (3 repetitions, 20 spike and leak runs per contender; here 1 and 1)" in markdown
+    method = markdown.split("## How it measures", 1)[1]
+    assert "**Spike.**" in method and "**Leaks.**" not in method
+    assert [path.name for path in tmp_path.iterdir()] == ["bench.md"]  # written by a rename: no temporary left
     header = table_row(markdown, "250 MB living 5 ms")
     caught = dict(zip(header, table_row(markdown, "runs whose peak includes the spike")))
     assert caught["no plugin"] == tables.NOT_A_PEAK
@@ -117,3 +124,21 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
         cells = table_row(written, suite)
         assert cells[1] == tests and cells[4].startswith("x") and cells[8].startswith("x"), cells
     assert "RSS growth from test 20 to the last test of `drift`" in written
+
+
+def test_a_page_says_when_its_timings_were_taken_on_a_busy_machine():
+    from benchmarks import machine
+
+    assert machine.busy_warning(1.6, 1.9, cores=2) is None
+    warning = machine.busy_warning(1.6, 11.2, cores=2)
+    assert warning is not None and "exceeded its 2 cores" in warning and "memory figures" in warning
+
+
+def test_a_smaller_run_is_named_only_where_its_sections_had_fewer_runs():
+    from benchmarks import run
+
+    assert not run.smaller_than_default(("order",), run.Sizes(repeat=2, overhead_tests=3, runs=20, isolation_tests=2))
+    assert not run.smaller_than_default(("order", "isolation"), run.FULL)
+    assert run.smaller_than_default(("order",), run.Sizes(repeat=1, overhead_tests=3, runs=20, isolation_tests=2))
+    assert run.smaller_than_default(("spike",), run.Sizes(repeat=3, overhead_tests=3, runs=10, isolation_tests=2))
+    assert run.smaller_than_default(("overhead", "order"), run.Sizes(repeat=2, overhead_tests=3, runs=20, isolation_tests=2))

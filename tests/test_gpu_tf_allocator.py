@@ -2,8 +2,8 @@
 
 The allocator counts the chunks it hands out, and its BFC pool may round a chunk up (a
 100 MB tensor can take a 128 MiB chunk of a fresh pool), so the figure is the allocated
-size or somewhat more; with 10 MB tensors it stays within 10% (README, "GPU and device
-memory"). After a heavier test TF serves the tensors from its pool and RSS hardly moves;
+size or somewhat more; with 10 MB tensors it stays within 10% (docs/gpu.md, "What
+`tf:CPU:0` reads"). After a heavier test TF serves the tensors from its pool and RSS hardly moves;
 the allocator view still reads them.
 """
 

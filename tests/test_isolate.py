@@ -222,7 +222,7 @@ def test_isolated_and_in_process_peaks_of_a_tf_test_agree(pytester: pytest.Pytes
     # In the child the test starts from a fresh process: its RSS increase is the ground truth.
     assert isolated["process_peak_increase"] >= isolated_record.measurement.host
     # In-process, TF serves the test from the pool the heavier test left: RSS barely moves,
-    # the allocator view carries the figure. Both agree within the README's 10% + 16 MiB.
+    # the allocator view carries the figure. Both agree within docs/isolation.md's 10% + 16 MiB.
     assert records["test_in_process"].measurement.host < in_process / 2
     assert abs(isolated["process_peak_increase"] - in_process) <= 0.10 * in_process + 16 * 2**20
     result.stdout.fnmatch_lines(["*tfmem: isolated tests*", "*::test_isolated *passed"])

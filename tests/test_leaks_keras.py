@@ -2,7 +2,7 @@
 
 Each group of loops runs once, in a fresh interpreter, and the tests read its output and
 records. ``pytest tests/test_leaks_keras.py -m "slow or not slow" -s`` prints what was
-measured per loop (the README quotes it).
+measured per loop (docs/leaks.md quotes it).
 """
 
 from __future__ import annotations

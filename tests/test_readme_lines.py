@@ -1,9 +1,10 @@
-"""The ``FAILED ...`` lines README.md shows are what pytest prints.
+"""The ``FAILED ...`` lines README.md and docs/*.md show are what pytest prints.
 
-Every ``FAILED`` line in a code block of README.md is reproduced by a small real pytest run of
-the failure it shows (picked by its wording), and the printed summary line must match it word
-for word; only the sizes and the signed change, which depend on the machine, may differ. A
-README line that no run here reproduces fails too.
+Every ``FAILED`` line in a code block of README.md or a page in docs/ is reproduced by a small
+real pytest run of the failure it shows (picked by its wording), and the printed summary line
+must match it word for word; only the sizes and the signed change, which depend on the machine,
+may differ. A line that no run here reproduces fails too. A line shown on several pages is
+checked once.
 """
 
 from __future__ import annotations
@@ -16,21 +17,27 @@ import pytest
 
 from pytest_tfmem.units import parse_size
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPOSITORY = Path(__file__).resolve().parent.parent
+PAGES = [REPOSITORY / "README.md", *sorted((REPOSITORY / "docs").glob("*.md"))]
 
 SIZE = r"\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB)"  # what units.format_size writes
 CHANGE = r"[+-]\d+(?:\.\d+)?%"  # a signed percentage: the change, not the tolerance
 
 
-def readme_failed_lines() -> list[str]:
-    """Every line starting with ``FAILED `` inside a fenced code block of README.md."""
+def failed_lines(page: Path) -> list[str]:
+    """Every line starting with ``FAILED `` inside a fenced code block of the page."""
     lines, in_block = [], False
-    for line in README.read_text().splitlines():
+    for line in page.read_text().splitlines():
         if line.lstrip().startswith("```"):
             in_block = not in_block
         elif in_block and line.lstrip().startswith("FAILED "):
             lines.append(line.strip())
     return lines
+
+
+def readme_failed_lines() -> list[str]:
+    """The ``FAILED`` lines of README.md and docs/*.md, each once, in order of appearance."""
+    return list(dict.fromkeys(line for page in PAGES for line in failed_lines(page)))
 
 
 def pattern_of(line: str) -> re.Pattern[str]:
@@ -107,7 +114,7 @@ def _cases() -> list:
 
 
 def test_the_readme_shows_failed_lines():
-    assert len(readme_failed_lines()) >= 2
+    assert len(failed_lines(REPOSITORY / "README.md")) >= 2
 
 
 @pytest.mark.parametrize(("line", "how"), _cases())
