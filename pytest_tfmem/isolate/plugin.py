@@ -1,8 +1,9 @@
-"""Isolated runs: a test in a fresh interpreter, watched, killed at ``kill_at``, reported here.
+"""Isolated runs: a test in a process of its own, watched, killed at ``kill_at``, reported here.
 
-An isolated test runs in a new Python process (spawned, never forked: TensorFlow is not
-fork-safe) started with the session's own arguments (``child.py``), so plugins, fixtures,
-markers and options are the same. Its reports come back serialised by pytest's own hooks
+An isolated test runs in a fork of the session's template process (``launch.py``,
+``template.py``), or in a fresh interpreter (``child.py``) where forking is not wanted or
+not safe; either way with the session's own arguments, so plugins, fixtures, markers and
+options are the same. Its reports come back serialised by pytest's own hooks
 and are logged as this item's reports: the terminal, JUnit XML, pytest-xdist and tfmem's
 own summary see an ordinary test. Meanwhile a ``Watchdog`` samples the child's process
 tree and kills it at ``kill_at``. A child that dies before reporting (killed at the limit,
@@ -14,9 +15,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +29,7 @@ from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
 from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
+from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
 from pytest_tfmem.isolate.results import (
     add_isolated_numbers,
     complete,
@@ -50,7 +51,7 @@ OUTPUT_LINES = 30
 
 ISOLATE = settings.Option(
     "isolate",
-    "run each test in a fresh Python process, watched by tfmem (marker: isolate=True)",
+    "run each test in a process of its own, watched by tfmem (marker: isolate=True)",
     settings.parse_bool,
     False,
     flag=True,
@@ -60,6 +61,13 @@ KILL_AT = settings.Option(
     "kill an isolated test's process tree when its resident memory reaches this size; a test "
     f"with a kill_at runs isolated; {SIZE_FORMS}",
     settings.parse_optional_size,
+)
+ISOLATE_START = settings.Option(
+    "isolate_start",
+    f"how an isolated test's process starts: {FORK} (default; a fork of a template process that "
+    f"has pytest, the plugins and TensorFlow loaded) or {SPAWN} (a fresh interpreter per test)",
+    parse_start,
+    FORK,
 )
 settings.MARKER_KEYWORDS["isolate"] = settings.parse_bool
 settings.MARKER_KEYWORDS["kill_at"] = settings.parse_optional_size
@@ -72,13 +80,17 @@ class MemoryLimitWarning(pytest.PytestWarning):
     """A budget or ``kill_at`` above the memory limit that applies: the OOM killer comes first."""
 
 
+class IsolationStartWarning(pytest.PytestWarning):
+    """Isolated tests start as fresh interpreters although forking was asked for (and why)."""
+
+
 @dataclass(frozen=True)
 class IsolationPolicy:
     kill_at: int | None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings.add_options(parser, [ISOLATE, KILL_AT])
+    settings.add_options(parser, [ISOLATE, KILL_AT, ISOLATE_START])
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -105,6 +117,9 @@ class TfmemIsolation:
         self.kill_at = settings.read_option(config, KILL_AT)[0]
         self.limit = system.applicable_memory_limit()
         self.isolated_records: list[TestRecord] = []
+        self.start_method = settings.read_option(config, ISOLATE_START)[0]
+        self.launcher: Launcher | None = None
+        self._fallback_told = False
 
     # -- policy and warnings --------------------------------------------------------------
 
@@ -167,11 +182,45 @@ class TfmemIsolation:
         if call.excinfo is not None:
             item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
 
-    def _workdir(self) -> Path:
+    def _launcher(self, item: pytest.Item) -> Launcher:
+        if self.launcher is None:
+            self._template_dir = self._workdir("tfmem-template")
+            self.launcher = Launcher(
+                self.start_method,
+                list(self.config.invocation_params.args),
+                self.config.invocation_params.dir,
+                _trace_session(self.config, None),
+            )
+        return self.launcher
+
+    def _tell_fallback(self) -> None:
+        """Once per process: isolated tests are spawned although forking was asked for."""
+        assert self.launcher is not None
+        if self.launcher.fallback is None or self._fallback_told:
+            return
+        self._fallback_told = True
+        warnings.warn(
+            IsolationStartWarning(
+                f"pytest-tfmem: isolated tests start as fresh interpreters, not as forks of a template "
+                f"process: {self.launcher.fallback}"
+            ),
+            stacklevel=1,
+        )
+
+    def pytest_report_header(self, config: pytest.Config) -> str | None:
+        if self.start_method == SPAWN and (self.isolate or self.kill_at is not None):
+            return "tfmem: isolated tests start as fresh interpreters (tfmem_isolate_start = spawn)"
+        return None
+
+    def pytest_unconfigure(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+
+    def _workdir(self, name: str = "tfmem-isolated") -> Path:
         factory = getattr(self.config, "_tmp_path_factory", None)
         if factory is not None:
-            return factory.mktemp("tfmem-isolated", numbered=True)
-        return Path(tempfile.mkdtemp(prefix="tfmem-isolated-"))
+            return factory.mktemp(name, numbered=True)
+        return Path(tempfile.mkdtemp(prefix=f"{name}-"))
 
     def run_isolated(self, item: pytest.Item, policy: IsolationPolicy) -> list[pytest.TestReport]:
         """Run the test in a child process; return its reports as this process's reports."""
@@ -185,16 +234,9 @@ class TfmemIsolation:
             parent_pid=os.getpid(),
             trace_session=_trace_session(self.config, item),
         )
-        spec.write(workdir / "spec.json")
-        with open(workdir / "output.log", "wb") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "pytest_tfmem.isolate.child", str(workdir / "spec.json")],
-                cwd=self.config.invocation_params.dir,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
-            result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
+        process = self._launcher(item).start(spec, workdir, self._template_dir)
+        self._tell_fallback()
+        result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
         events = read_events(Path(spec.events))
         reissue_warnings(events)
         reports = [
@@ -281,10 +323,13 @@ class TfmemIsolation:
             terminalreporter.write_line(line)
 
 
-def _trace_session(config: pytest.Config, item: pytest.Item) -> str | None:
-    """Where the child writes a trace of the test: this session's trace directory (if it may trace)."""
+def _trace_session(config: pytest.Config, item: pytest.Item | None) -> str | None:
+    """Where the child writes a trace of the test: this session's trace directory (if it may
+    trace; for the template, which serves every test, the directory's name)."""
     tracing = config.pluginmanager.get_plugin(TRACE_PLUGIN)
-    return tracing.session_for_child(item) if tracing is not None else None
+    if tracing is None:
+        return None
+    return tracing.session_name if item is None else tracing.session_for_child(item)
 
 
 def _evaluate_xfail(item: pytest.Item) -> None:
