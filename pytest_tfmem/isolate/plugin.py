@@ -117,7 +117,7 @@ class TfmemIsolation:
         self.kill_at = settings.read_option(config, KILL_AT)[0]
         self.limit = system.applicable_memory_limit()
         self.isolated_records: list[TestRecord] = []
-        self.start_method = settings.read_option(config, ISOLATE_START)[0]
+        self.start_method, self._start_given = settings.read_option(config, ISOLATE_START)
         self.launcher: Launcher | None = None
         self._fallback_told = False
 
@@ -208,7 +208,7 @@ class TfmemIsolation:
         )
 
     def pytest_report_header(self, config: pytest.Config) -> str | None:
-        if self.start_method == SPAWN and (self.isolate or self.kill_at is not None):
+        if self.start_method == SPAWN and self._start_given:
             return "tfmem: isolated tests start as fresh interpreters (tfmem_isolate_start = spawn)"
         return None
 
