@@ -28,6 +28,7 @@ from pytest_tfmem.core.record import TestRecord, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
+from pytest_tfmem.isolate.auto import AUTO, tests_to_isolate
 from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
 from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
 from pytest_tfmem.isolate.results import (
@@ -46,6 +47,8 @@ from pytest_tfmem.trace.plugin import PLUGIN_NAME as TRACE_PLUGIN
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
 PLUGIN_NAME = "tfmem-isolation"
+JOURNAL_PLUGIN = "tfmem-journal"  # the journal plugin's name (it registers after this one)
+_AUTO_KEY = "tfmem_isolate_auto"
 WATCH_INTERVAL_S = 0.02
 OUTPUT_LINES = 30
 
@@ -87,10 +90,29 @@ class IsolationStartWarning(pytest.PytestWarning):
 @dataclass(frozen=True)
 class IsolationPolicy:
     kill_at: int | None
+    reason: str | None = None  # why --tfmem-isolate=auto isolates the test
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, [ISOLATE, KILL_AT, ISOLATE_START])
+    # An option string of its own: "--tfmem-isolate" stays a switch that takes no value, so
+    # "pytest --tfmem-isolate tests/" keeps "tests/" as a path.
+    parser.getgroup("tfmem").addoption(
+        f"{ISOLATE.cli}={AUTO}", action="store_const", const=AUTO, default=None, dest=ISOLATE.ini,
+        help=f"isolate only the tests the results journal shows running when the last session died, "
+        f"or killed in their isolated process [ini: {ISOLATE.ini} = {AUTO}]",
+    )
+
+
+def read_isolate(config: pytest.Config) -> bool | str:
+    """``--tfmem-isolate`` / ini ``tfmem_isolate``: true, false or ``auto``."""
+    given = config.getoption(ISOLATE.ini, default=None)
+    if given == AUTO or (given is None and str(config.getini(ISOLATE.ini) or "").strip().lower() == AUTO):
+        return AUTO
+    try:
+        return bool(settings.read_option(config, ISOLATE)[0])
+    except pytest.UsageError as error:
+        raise pytest.UsageError(f"{error}; or {AUTO}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -113,7 +135,11 @@ class TfmemIsolation:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.isolate = settings.read_option(config, ISOLATE)[0]
+        isolate = read_isolate(config)
+        self.isolate = isolate is True
+        self.auto = isolate == AUTO
+        self._auto_reasons: dict[str, str] | None = None
+        self.auto_note = ""
         self.kill_at = settings.read_option(config, KILL_AT)[0]
         self.limit = system.applicable_memory_limit()
         self.isolated_records: list[TestRecord] = []
@@ -127,8 +153,36 @@ class TfmemIsolation:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
         arguments = item.stash.get(core.ARGUMENTS, {})
         kill_at = arguments.get("kill_at", self.kill_at)
-        isolate = arguments.get("isolate", self.isolate or kill_at is not None)
-        return IsolationPolicy(kill_at) if isolate else None
+        reason = self.auto_reasons().get(item.nodeid) if self.auto else None
+        isolate = arguments.get("isolate", self.isolate or kill_at is not None or reason is not None)
+        return IsolationPolicy(kill_at, reason) if isolate else None
+
+    def auto_reasons(self) -> dict[str, str]:
+        """``--tfmem-isolate=auto``: the tests to isolate and why, from the journal as the last
+        session left it (read before this session's journal replaces it; xdist workers get
+        the controller's reading)."""
+        if self._auto_reasons is None:
+            workerinput = getattr(self.config, "workerinput", None)
+            if workerinput is not None and _AUTO_KEY in workerinput:
+                self._auto_reasons, self.auto_note = workerinput[_AUTO_KEY]
+            else:
+                journal = self.config.pluginmanager.get_plugin(JOURNAL_PLUGIN)
+                if journal is None:
+                    self._auto_reasons, self.auto_note = {}, "the results journal is switched off: nothing to isolate"
+                else:
+                    self._auto_reasons, self.auto_note = tests_to_isolate(journal.path)
+        return self._auto_reasons
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self) -> None:
+        if self.auto:
+            self.auto_reasons()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: workers isolate what the controller read in the journal."""
+        if self.auto:
+            node.workerinput[_AUTO_KEY] = (self.auto_reasons(), self.auto_note)
 
     def _above_limit(self, what: str, size: int | None) -> str | None:
         if size is None or size <= self.limit.bytes:
@@ -248,6 +302,8 @@ class TfmemIsolation:
             if isinstance(report.longrepr, list):  # a skip's (path, line, reason), listified by JSON
                 report.longrepr = tuple(report.longrepr)
         isolated = isolated_section(result, events, reports)
+        if policy.reason is not None:
+            isolated["reason"] = policy.reason
         for report in reports:
             add_isolated_numbers(report, isolated)
         if not complete(reports):
@@ -316,6 +372,14 @@ class TfmemIsolation:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.auto:
+            terminalreporter.write_sep("=", f"tfmem: {ISOLATE.cli}={AUTO}")
+            terminalreporter.write_line(f"tfmem: {self.auto_note}")
+            for record in self.isolated_records:
+                reason = record.extra["isolated"].get("reason")
+                if reason:
+                    result = record.extra["isolated"].get("death") or record.outcome or ""
+                    terminalreporter.write_line(f"{record.nodeid}: isolated: {reason}; this time: {result}")
         if not self.isolated_records:
             return
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")

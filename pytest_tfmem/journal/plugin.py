@@ -290,7 +290,7 @@ class TfmemJournal:
             return
         manager = core.manager(self.config)
         isolation = self.config.pluginmanager.get_plugin("tfmem-isolation")
-        if self.path_given or any(
+        if self.path_given or getattr(isolation, "auto", False) or any(
             manager.is_measured(item) or (isolation is not None and isolation.policy_for(item)) for item in items
         ):
             self._open()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def _clock(timestamp: float) -> str:
+def clock(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
@@ -69,44 +70,79 @@ def _finished_line(entry: dict[str, Any]) -> str:
     return line
 
 
-def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
-    """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
-    0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
-    try:
-        entries = read_journal(path)
-    except OSError as error:
-        return f"tfmem: no results at {path}: {error.strerror or error}", EXIT_NO_RESULTS
+@dataclass
+class LastSession:
+    """The journal's last session: its header, its own entries, how it ended, its tests."""
+
+    header: dict[str, Any]
+    entries: list[dict[str, Any]]
+    end: dict[str, Any] | None  # its ``end`` entry, if it finished
+    running: dict[tuple[str | None, str | None], dict[str, Any]]  # started, never finished, by (worker, nodeid)
+    readings: dict[tuple[str | None, str | None], dict[str, Any]]  # the last reading of each of those
+    finished: list[dict[str, Any]]
+
+    @property
+    def alive(self) -> bool:
+        return self.end is None and _pid_alive(self.header)
+
+    @property
+    def died(self) -> bool:
+        """It did not finish and its pytest process is gone (killed, or crashed)."""
+        return self.end is None and not _pid_alive(self.header)
+
+
+class NotAJournal(ValueError):
+    pass
+
+
+def read_last_session(path: Path) -> LastSession:
+    """The last session of the journal at ``path``; ``OSError`` if it cannot be read,
+    ``NotAJournal`` if it is not a journal."""
+    entries = read_journal(path)
     if not entries or entries[0].get("event") != "session":
-        return f"tfmem: {path} is not a pytest-tfmem results journal", EXIT_NO_RESULTS
+        raise NotAJournal(f"{path} is not a pytest-tfmem results journal")
     header = entries[0]
     session = [entry for entry in entries[1:] if entry.get("session") == header.get("session")]
-    lines = [f"tfmem: results of the pytest session started {_clock(header['started'])} (pid {header['pid']})"]
-    lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
-    end = next((entry for entry in session if entry.get("event") == "end"), None)
-    if end is not None:
-        lines.append(f"  the session finished at {_clock(end['time'])}, exit status {end['exitstatus']}")
-        code = EXIT_FINISHED
-    elif _pid_alive(header):
-        lines.append("  the session is still running")
-        code = EXIT_DID_NOT_FINISH
-    else:
-        lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
-        code = EXIT_DID_NOT_FINISH
-
-    started: dict[tuple[str | None, str | None], dict[str, Any]] = {}  # by (worker, nodeid)
+    running: dict[tuple[str | None, str | None], dict[str, Any]] = {}
     readings: dict[tuple[str | None, str | None], dict[str, Any]] = {}
     finished = []
     for entry in session:
         key = (entry.get("worker"), entry.get("nodeid"))
         if entry.get("event") == "start":
-            started[key] = entry
+            running[key] = entry
             readings.pop(key, None)
-        elif entry.get("event") == "reading" and key in started:
+        elif entry.get("event") == "reading" and key in running:
             readings[key] = entry
         elif entry.get("event") == "finish":
-            started.pop(key, None)
+            running.pop(key, None)
             readings.pop(key, None)
             finished.append(entry)
+    end = next((entry for entry in session if entry.get("event") == "end"), None)
+    return LastSession(header, session, end, running, readings, finished)
+
+
+def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
+    """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
+    0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
+    try:
+        last_session = read_last_session(path)
+    except OSError as error:
+        return f"tfmem: no results at {path}: {error.strerror or error}", EXIT_NO_RESULTS
+    except NotAJournal as error:
+        return f"tfmem: {error}", EXIT_NO_RESULTS
+    header, session, end = last_session.header, last_session.entries, last_session.end
+    started, readings, finished = last_session.running, last_session.readings, last_session.finished
+    lines = [f"tfmem: results of the pytest session started {clock(header['started'])} (pid {header['pid']})"]
+    lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
+    if end is not None:
+        lines.append(f"  the session finished at {clock(end['time'])}, exit status {end['exitstatus']}")
+        code = EXIT_FINISHED
+    elif last_session.alive:
+        lines.append("  the session is still running")
+        code = EXIT_DID_NOT_FINISH
+    else:
+        lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
+        code = EXIT_DID_NOT_FINISH
 
     last_time = session[-1]["time"] if session else header["started"]
     if started:
@@ -115,14 +151,14 @@ def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tupl
             worker = f" [{key[0]}]" if key[0] else ""
             reading = readings.get(key)
             lines.append(
-                f"  {start['nodeid']}{worker}: started {_clock(start['time'])}, "
+                f"  {start['nodeid']}{worker}: started {clock(start['time'])}, "
                 f"still running {max(0.0, last_time - start['time']):.1f} s later at the journal's last entry"
             )
             if reading is not None:
                 growth = format_size(reading["rss"] - start["rss"], signed=True)
                 lines.append(
                     f"    last reading {format_size(reading['rss'])} ({growth} since the test started) "
-                    f"at {reading['elapsed_s']:.1f} s into the test ({_clock(reading['time'])}); "
+                    f"at {reading['elapsed_s']:.1f} s into the test ({clock(reading['time'])}); "
                     f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
                 )
             else:
