@@ -8,9 +8,10 @@ test (``--tfmem-isolate-start=spawn``), alternating the order per repetition. Pr
 wall time and CPU time (user + system, of pytest and every process it started) of each
 session, and each isolated session's extra time per test over the session in process. The
 fork figure includes the template's start (once per session), spread over the tests. While
-the fork sessions run, the template process is read every 0.1 s: its resident memory (RSS)
-and its proportional share (PSS: pages shared with its forks counted in part), as last read
-before it ended. A plain test costs a fork (or a fresh interpreter that imports pytest, its
+the fork sessions run, the template process is read every 0.1 s, as last read before it
+ended: its resident memory (RSS) and its proportional share (PSS: pages shared with its
+forks counted in part), its start (from its creation to its first fork), its own CPU time
+and its forks' (reaped by it), per test. A plain test costs a fork (or a fresh interpreter that imports pytest, its
 plugins and the test module); a TF test adds TensorFlow's runtime start in each process, and
 when spawned, its import. The machine's load average is printed with the numbers: on a
 shared machine the CPU time is the steadier figure.
@@ -74,8 +75,16 @@ END = "<!-- benchmarks/isolation_overhead.py: end -->"
 class Session:
     wall_s: float
     cpu_s: float
-    template_rss: int | None = None
-    template_pss: int | None = None
+    template: TemplateReading | None = None
+
+
+@dataclass
+class TemplateReading:
+    rss: int
+    pss: int | None
+    cpu_s: float  # the template's own user + system time (its forks' not included)
+    forks_cpu_s: float  # its forks' user + system time (reaped by the template)
+    start_s: float | None  # from its start to its first fork
 
 
 class TemplateWatcher:
@@ -83,8 +92,8 @@ class TemplateWatcher:
 
     def __init__(self, root: int) -> None:
         self.root = root
-        self.rss: int | None = None
-        self.pss: int | None = None
+        self.reading: TemplateReading | None = None
+        self._first_fork: float | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -108,9 +117,17 @@ class TemplateWatcher:
                 continue
             try:
                 memory = template.memory_full_info()
+                cpu = template.cpu_times()
+                forks = [fork.create_time() for fork in template.children()]
+                if forks and self._first_fork is None:
+                    self._first_fork = min(forks)
+                start = None if self._first_fork is None else self._first_fork - template.create_time()
             except psutil.Error:
                 continue
-            self.rss, self.pss = memory.rss, getattr(memory, "pss", None)
+            self.reading = TemplateReading(
+                memory.rss, getattr(memory, "pss", None), cpu.user + cpu.system,
+                cpu.children_user + cpu.children_system, start,
+            )
 
     def stop(self) -> None:
         self._done.set()
@@ -136,7 +153,7 @@ def session(directory: Path, options: list[str]) -> Session:
     if process.returncode != 0:
         raise SystemExit(f"pytest {' '.join(options)} failed in {directory}:\n{output[-3000:]}")
     cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    return Session(elapsed, cpu, watcher.rss, watcher.pss)
+    return Session(elapsed, cpu, watcher.reading)
 
 
 def command_seconds(code: str) -> tuple[float, float]:
@@ -189,14 +206,28 @@ def main(argv: list[str] | None = None) -> int:
             for v in ("fork", "spawn")
         ]
         lines.append(f"| {name} | {' | '.join(cells)} | {' | '.join(extra)} |")
-    lines += ["", "| workload | template RSS | template PSS |", "|---|---:|---:|"]
+    lines += [
+        "",
+        "The template, once per session (per xdist worker): its memory while it waits, its start until its "
+        "first fork (wall) and its own CPU time; and the CPU time of each fork (the test's whole process).",
+        "",
+        "| workload | template RSS | template PSS | template start, wall | template CPU | CPU per fork |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name in WORKLOADS:
         forked = results[(name, "fork")]
-        rss = [s.template_rss for s in forked if s.template_rss is not None]
-        pss = [s.template_pss for s in forked if s.template_pss is not None]
+        readings = [s.template for s in forked if s.template is not None]
+        if not readings:
+            lines.append(f"| {name} | - | - | - | - | - |")
+            continue
+        pss = [r.pss for r in readings if r.pss is not None]
+        starts = [r.start_s for r in readings if r.start_s is not None]
+        template_cpu = statistics.median(r.cpu_s for r in readings)
+        per_fork = statistics.median(r.forks_cpu_s for r in readings) / args.tests
         lines.append(
-            f"| {name} | {format_size(int(statistics.median(rss))) if rss else '-'} | "
-            f"{format_size(int(statistics.median(pss))) if pss else '-'} |"
+            f"| {name} | {format_size(int(statistics.median(r.rss for r in readings)))} | "
+            f"{format_size(int(statistics.median(pss))) if pss else '-'} | "
+            f"{f'{statistics.median(starts):.2f} s' if starts else '-'} | {template_cpu:.2f} s | {per_fork:.2f} s |"
         )
     lines.append("")
     for code, (wall, cpu) in yardsticks.items():
