@@ -136,3 +136,34 @@ def test_a_template_whose_tensorflow_runtime_started_falls_back_to_spawn(pyteste
             "template process: TensorFlow's runtime was started while pytest configured*",
         ]
     )
+
+
+def test_a_template_that_fails_to_start_falls_back_to_spawn_and_shows_its_output(pytester: pytest.Pytester):
+    pytester.makeconftest(
+        """
+        import sys
+
+        if sys.argv[0].endswith("template.py"):  # only in the template process
+            raise RuntimeError("this conftest.py file refuses the template")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.tfmem(isolate=True)
+        @pytest.mark.parametrize("run", range(2))
+        def test_isolated(run):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*IsolationStartWarning: pytest-tfmem: isolated tests start as fresh interpreters, not as forks of a "
+            "template process: the template's pytest run ended with exit code 4 before collection; the end of its "
+            "output (*template.log):",
+            "*RuntimeError: this conftest.py file refuses the template*",
+        ]
+    )

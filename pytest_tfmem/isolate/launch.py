@@ -18,10 +18,12 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from pytest_tfmem.isolate.child import ChildSpec
+from pytest_tfmem.isolate.results import output_excerpt
 from pytest_tfmem.isolate.template import TemplateSpec
 from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ChildProcess
 
@@ -86,18 +88,21 @@ class Template:
         except BaseException:
             self.close()
             raise
-        if answer is None:
+        if answer is None or not answer["fork"]:
             self.close()
-            raise TemplateFailed(f"the template process ended before it was ready (see {self.log})")
+            reason = answer["reason"] if answer else "the template process ended before it was ready"
+            if answer is None or answer["reason"].startswith("the template's pytest run ended"):
+                reason += f"; the end of its output ({self.log}):\n{output_excerpt(self.log, 10)}"
+            raise TemplateFailed(reason)
         self.ready = answer
-        if not answer["fork"]:
-            self.close()
-            raise TemplateFailed(answer["reason"])
         self.ready["start_s"] = round(time.monotonic() - self.started, 3)
 
     def fork(self, spec: ChildSpec) -> ForkedChild:
-        self.channel.sendall((json.dumps(spec.__dict__) + "\n").encode())
-        answer = self._answer()
+        try:
+            self.channel.sendall((json.dumps(asdict(spec)) + "\n").encode())
+            answer = self._answer()
+        except OSError as error:
+            answer = {"event": "fork_failed", "error": f"the template process is gone ({error})"}
         if answer is None or answer["event"] != "forked":
             reason = answer["error"] if answer else "the template process is gone"
             raise TemplateFailed(f"fork failed: {reason}")
@@ -105,11 +110,12 @@ class Template:
 
     def exit_status(self, pid: int) -> int:
         """The exit status the template reports for its fork ``pid`` (waits for it)."""
-        answer = self._answer()
-        if answer is None:  # the template died; the fork died with it (PR_SET_PDEATHSIG)
-            return -signal.SIGKILL
-        assert answer["event"] == "exited" and answer["pid"] == pid, answer
-        return int(answer["returncode"])
+        while True:
+            answer = self._answer()
+            if answer is None:  # the template died; the fork died with it (PR_SET_PDEATHSIG)
+                return -signal.SIGKILL
+            if answer["event"] == "exited" and answer["pid"] == pid:
+                return int(answer["returncode"])
 
     @property
     def alive(self) -> bool:
@@ -165,7 +171,7 @@ class Launcher:
                 if self.template is None or not self.template.alive:
                     self.template = Template(template_dir, self.args, self.cwd, self.trace_session)
                     self.template.wait_ready()
-                return self.template.fork(ChildSpec(**{**spec.__dict__, "output": str(output)}))
+                return self.template.fork(replace(spec, output=str(output)))
             except TemplateFailed as error:
                 self.method, self.fallback, self.template = SPAWN, str(error), None
         with open(output, "wb") as stream:

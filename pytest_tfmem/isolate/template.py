@@ -24,6 +24,7 @@ import gc
 import importlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -102,6 +103,9 @@ class TemplateRun:
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> None:
         """Serve fork requests; return (to pytest's own collection) only in a fork."""
+        # Ctrl-C reaches the whole process group: the session stops its test's fork, and the
+        # template must stay to report that fork's end.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         problems = []
         for name in self.spec.preimport:
             try:
@@ -155,6 +159,7 @@ class TemplateRun:
     def _become_test_process(self, config: pytest.Config, spec: ChildSpec) -> None:
         """In the fork: leave the template's channel and output, and become ``spec``'s test process."""
         self.forked = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a spawned child
         self.requests.close()
         self.channel.close()
         die_with_parent(self.pid)
