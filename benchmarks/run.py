@@ -38,7 +38,7 @@ from benchmarks.contenders import (
     Contender,
 )
 from benchmarks.runner import Job, Runner, WorkloadError
-from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.files import write_text_atomic
 
 SECTIONS = ("overhead", "spike", "order", "leaks", "isolation")
 

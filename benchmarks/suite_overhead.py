@@ -37,7 +37,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``pytest_tfmem`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.files import write_text_atomic
 
 # TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
 # (AMD EPYC): on, every machine measures the same TensorFlow, with the pool that hides memory.

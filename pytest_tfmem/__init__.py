@@ -2,8 +2,15 @@
 
 from pytest_tfmem.batchsize import BatchSizeReport, BatchTrial, find_max_batch_size
 from pytest_tfmem.core.measure import Measurement, Monitor, ViewReading
-from pytest_tfmem.errors import BudgetExceeded, DeviceOutOfMemory, GpuBudgetExceeded, MemoryRegression, TfmemFailure
-from pytest_tfmem.leaks.check import LeakDetected, LeakReport, assert_no_leak, leak_check
+from pytest_tfmem.errors import (
+    BudgetExceeded,
+    DeviceOutOfMemory,
+    GpuBudgetExceeded,
+    LeakDetected,
+    MemoryRegression,
+    TfmemFailure,
+)
+from pytest_tfmem.leaks.check import LeakReport, assert_no_leak, leak_check
 from pytest_tfmem.units import format_size, parse_size
 
 __version__ = "0.1.0"

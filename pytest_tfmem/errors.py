@@ -8,6 +8,9 @@ message instead of a traceback into the plugin, and can be named by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import pytest
 
 
@@ -51,8 +54,23 @@ class KilledBySignal(IsolatedTestDied):
     """The isolated test's process died of a signal tfmem did not send (OOM killer, crash)."""
 
 
-# The exception each check's failed verdict raises; feature modules register theirs.
-FAILURE_BY_CHECK: dict[str, type[TfmemFailure]] = {"budget": BudgetExceeded}
+class LeakDetected(TfmemFailure):
+    """Memory grew per iteration by more than ``max_growth`` in a leak check."""
+
+
+# The exception a failed verdict raises, by its check (``Verdict.check``).
+FAILURE_BY_CHECK: Mapping[str, type[TfmemFailure]] = MappingProxyType(
+    {
+        "budget": BudgetExceeded,
+        "baseline": MemoryRegression,
+        "gpu_budget": GpuBudgetExceeded,
+        "oom": DeviceOutOfMemory,
+        "leak": LeakDetected,
+        "kill_at": KilledAtLimit,
+        "signal": KilledBySignal,
+        "died": IsolatedTestDied,
+    }
+)
 
 
 def failure_for(check: str, message: str) -> TfmemFailure:

@@ -2,15 +2,70 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_tfmem.core.measure import PeakTracker
     from pytest_tfmem.core.record import TestRecord
     from pytest_tfmem.core.rerun import Rerun
     from pytest_tfmem.core.verdict import Verdict
+
+
+@pytest.hookspec
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]] | None:
+    """The keyword arguments your feature adds to ``@pytest.mark.tfmem``: name -> parser.
+
+    A parser takes the value and a description of it (``"tfmem marker argument NAME"``) and
+    returns the parsed value or raises ``ValueError`` naming the value and the accepted forms.
+    Called once, when pytest is configured: implement it as a module-level function.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_measuring_markers() -> Iterable[str] | None:
+    """Markers besides ``tfmem`` that make a test measured (``tfmem_leak``...).
+
+    Called once, when pytest is configured: implement it as a module-level function.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_measure_all(config: pytest.Config) -> bool | None:
+    """Return ``True`` when your feature's settings need every test measured (a baseline to
+    compare with, a GPU budget, isolation...). Asked once, when the first test is looked at.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_trackers() -> list[PeakTracker] | None:
+    """More peak trackers for every measurement window of a test (NVML's per-GPU views...).
+
+    Return the same trackers at every call, so that nested windows fold their peaks into
+    each other. Their views are reported beside the others; a test's headline ``peak`` reads
+    only the host and TensorFlow CPU views.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_profiles(item: pytest.Item, rerun: Rerun | None) -> bool | None:
+    """Return ``True`` if your feature runs TensorFlow's profiler over this run of the test:
+    its own run (``rerun`` is ``None``), or the one re-run after a memory failure.
+
+    TensorFlow runs one profiler at a time: a feature that would profile the same run reads
+    the other one's trace (in the test record) instead of starting its own.
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_report_sections(item: pytest.Item, record: TestRecord) -> list[tuple[str, str]] | None:
+    """Sections ``(title, text)`` your feature adds to a measured test's call report, below the
+    core's ``tfmem`` section. Called just before the report is made, once every feature has
+    finished with the test's own run (and its one re-run): a record published now reaches it.
+    """
 
 
 @pytest.hookspec

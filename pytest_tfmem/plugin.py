@@ -13,4 +13,5 @@ pytest_plugins: list[str] = [
     "pytest_tfmem.gpu.plugin",
     "pytest_tfmem.explain.plugin",
     "pytest_tfmem.leaks.marker",
+    "pytest_tfmem.workers.plugin",
 ]

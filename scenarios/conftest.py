@@ -2,10 +2,12 @@
 
 Each variant test carries ``@pytest.mark.variant(role, description)`` (role ``problem``, ``fix``,
 or ``no help`` for advice that saved nothing here) in a module marked
-``pytestmark = pytest.mark.scenario(name)``. The variant rides on the test report (so the
-pytest-xdist controller and isolated runs see it too) and is joined with the test's tfmem record
-at the end of the session into one table: per scenario, each variant's peak, its ratio to the
-problem's peak, its leak per iteration where a leak check ran, and the outcome.
+``pytestmark = pytest.mark.scenario(name)``. Role ``measured`` leaves the role to the test: it
+measures, then states with the ``measured_variant`` fixture the role its numbers earned (``fix``
+or ``no help``), and may add notes printed under the table. The variant rides on the test report
+(so the pytest-xdist controller and isolated runs see it too) and is joined with the test's tfmem
+record at the end of the session into one table: per scenario, each variant's peak, its ratio to
+the problem's peak, its leak per iteration where a leak check ran, and the outcome.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from . import scale
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 VARIANT_PROPERTY = "tfmem_scenario_variant"
+NOTE_PROPERTY = "tfmem_scenario_note"
+MEASURED = "measured"  # the role of a variant whose test decides it from its own numbers
+DECIDED_ROLES = ("fix", "no help")
 TABLE_PLUGIN = "tfmem-scenario-table"
 # How a failed check reads in the table's outcome column.
 CHECK_WORDS = {"budget": "over budget", "leak": "leak", "kill_at": "killed at kill_at", "signal": "killed by a signal"}
@@ -53,13 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def keras_warmed_up() -> None:
     """Keras's one-time costs paid before any scenario is measured (set-up is not charged)."""
-    import tensorflow as tf
-
     from .warmup import warm_up_keras
 
-    if not str(getattr(tf.keras, "__version__", "")).startswith("3."):
-        pytest.skip("the scenarios' budgets are measured with Keras 3; tf.keras is not Keras 3 here "
-                    "(TF_USE_LEGACY_KERAS=1?)")
     warm_up_keras()
 
 
@@ -74,6 +74,37 @@ def keras(keras_warmed_up: None) -> Iterator[ModuleType]:
     gc.collect()
 
 
+class MeasuredVariant:
+    """What a ``variant("measured", ...)`` test decided from its numbers, and its notes."""
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+        self.reason = ""
+        self.notes: list[str] = []
+
+    def decide(self, role: str, reason: str) -> None:
+        """The role the numbers earned (``fix`` or ``no help``) and why, in a few words."""
+        if role not in DECIDED_ROLES:
+            raise ValueError(f"invalid variant role {role!r}: expected one of {', '.join(DECIDED_ROLES)}")
+        self.role, self.reason = role, reason
+
+    def note(self, text: str) -> None:
+        """A line printed under the scenario table."""
+        self.notes.append(text)
+
+
+MEASURED_KEY = pytest.StashKey[MeasuredVariant]()
+
+
+@pytest.fixture
+def measured_variant(request: pytest.FixtureRequest) -> MeasuredVariant:
+    variant = request.node.get_closest_marker("variant")
+    if variant is None or variant.args[0] != MEASURED:
+        pytest.fail(f"measured_variant needs @pytest.mark.variant({MEASURED!r}, description) on the test",
+                    pytrace=False)
+    return request.node.stash.setdefault(MEASURED_KEY, MeasuredVariant())
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     report: pytest.TestReport = yield
@@ -81,6 +112,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if call.when == "call" and scenario is not None and variant is not None:
         role, description = variant.args
         data = {"scenario": scenario.args[0], "role": role, "description": description}
+        measured = item.stash.get(MEASURED_KEY, None)
+        if role == MEASURED and measured is not None:
+            if measured.role is not None:
+                data.update(role=measured.role, reason=measured.reason)
+            for text in measured.notes:
+                report.user_properties.append((NOTE_PROPERTY, json.dumps({"scenario": scenario.args[0], "text": text})))
         report.user_properties.append((VARIANT_PROPERTY, json.dumps(data)))
     return report
 
@@ -90,6 +127,7 @@ class ScenarioTable:
 
     def __init__(self) -> None:
         self.rows: list[Row] = []
+        self.notes: list[tuple[str, str]] = []  # (scenario, text)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
@@ -97,7 +135,10 @@ class ScenarioTable:
         for name, value in report.user_properties:
             if name == VARIANT_PROPERTY:
                 variant = json.loads(value)
-                self.rows.append((variant, record_from_report(report), _outcome(report, variant["role"])))
+                self.rows.append((variant, record_from_report(report), _outcome(report, variant)))
+            elif name == NOTE_PROPERTY:
+                note = json.loads(value)
+                self.notes.append((note["scenario"], note["text"]))
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -106,6 +147,8 @@ class ScenarioTable:
         terminalreporter.write_sep("=", "tfmem scenarios: problem vs fix")
         for line in render_table(self.table()):
             terminalreporter.write_line(line)
+        for scenario, text in sorted(self.notes):
+            terminalreporter.write_line(f"{scenario}: {text}")
 
     def table(self) -> list[list[str]]:
         header = ["scenario / variant", "peak", "vs problem", "leak/iter", "outcome"]
@@ -135,7 +178,10 @@ def _leak_per_iteration(record: TestRecord | None) -> str:
     return "-" if growth is None else format_size(growth, signed=True)
 
 
-def _outcome(report: pytest.TestReport, role: str) -> str:
+def _outcome(report: pytest.TestReport, variant: dict[str, str]) -> str:
+    role = variant["role"]
+    if report.passed and "reason" in variant:  # a measured variant: the role its numbers earned
+        return f"{role}: {variant['reason']}"
     if hasattr(report, "wasxfail"):
         return "no help" if role == "no help" else "caught"
     if report.passed:

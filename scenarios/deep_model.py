@@ -6,17 +6,28 @@ fewer parameters, bfloat16 weights and an optimizer without per-weight state low
 mixed precision (``mixed_float16``, ``mixed_bfloat16``) does not on CPU, since it keeps
 float32 weights and adds low-precision copies. For inference, post-training quantization
 (TensorFlow Lite, int8 weights) needs a fraction of what the float32 Keras model does.
+
+Pruning (tensorflow-model-optimization's ``prune_low_magnitude``) is measured rather than
+assumed: the training peak with its wrappers, and the stripped model's saved file, plain and
+gzip-compressed, beside the dense model's (``train_pruned``, ``saved_size``).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
+import zlib
 from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
-from . import scale
+from pytest_tfmem.units import format_size
+
+from . import keras_3, scale
 
 INPUTS = 1024
 CLASSES = 10
@@ -24,23 +35,35 @@ DEPTH = 6
 WIDTH = int(1536 * math.sqrt(scale()))  # ~13 M parameters, 54 MB of float32 weights at scale 1
 BATCH_SIZE = 64
 STEPS = 4
+PRUNED_SPARSITY = 0.5  # the share of each kernel's weights the pruning wrappers set to zero
+LEGACY_KERAS_VARIABLE = "TF_USE_LEGACY_KERAS"
+SMALLER = 0.9  # a pruned file at most this share of the dense one's size counts as smaller
 
 
-def build_model(width: int = WIDTH, dtype: str = "float32") -> tf.keras.Model:
-    """``DEPTH`` dense layers of ``width`` units; the output layer stays float32 for a stable loss."""
-    hidden = [tf.keras.layers.Dense(width, activation="relu", dtype=dtype) for _ in range(DEPTH)]
-    return tf.keras.Sequential([tf.keras.Input((INPUTS,)), *hidden, tf.keras.layers.Dense(CLASSES, dtype="float32")])
+def build_model(width: int = WIDTH, dtype: str = "float32", keras: ModuleType | None = None) -> Any:
+    """``DEPTH`` dense layers of ``width`` units; the output layer stays float32 for a stable loss.
+
+    ``keras`` is the Keras module to build with (default ``tf.keras``).
+    """
+    keras = keras or tf.keras
+    hidden = [keras.layers.Dense(width, activation="relu", dtype=dtype) for _ in range(DEPTH)]
+    return keras.Sequential([keras.Input((INPUTS,)), *hidden, keras.layers.Dense(CLASSES, dtype="float32")])
+
+
+def _fit(model: Any, optimizer: str = "adam", keras: ModuleType | None = None, callbacks: list | None = None) -> float:
+    """Compile with ``optimizer`` and train ``STEPS`` steps on random data; returns the last loss."""
+    keras = keras or tf.keras
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.random((BATCH_SIZE * STEPS, INPUTS), dtype=np.float32)
+    y = rng.integers(0, CLASSES, BATCH_SIZE * STEPS)
+    history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=callbacks)
+    return float(history.history["loss"][-1])
 
 
 def train(width: int = WIDTH, dtype: str = "float32", optimizer: str = "adam") -> float:
     """Train a few steps on random data; returns the last loss."""
-    model = build_model(width, dtype)
-    model.compile(optimizer=optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    x = rng.random((BATCH_SIZE * STEPS, INPUTS), dtype=np.float32)
-    y = rng.integers(0, CLASSES, BATCH_SIZE * STEPS)
-    history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0)
-    return float(history.history["loss"][-1])
+    return _fit(build_model(width, dtype), optimizer)
 
 
 def problem_float32_adam(width: int = WIDTH) -> float:
@@ -68,6 +91,103 @@ def no_help_mixed_float16(width: int = WIDTH) -> float:
 
 def no_help_mixed_bfloat16(width: int = WIDTH) -> float:
     return train(width, dtype="mixed_bfloat16")
+
+
+class SavedSize(NamedTuple):
+    plain: int  # bytes of the saved file
+    compressed: int  # bytes of that file gzip-compressed (level 6), as it would be shipped
+
+
+def saved_size(path: Path, model: Any = None) -> SavedSize:
+    """The size of the model file at ``path`` (saving ``model`` there first if given), plain and
+    compressed. Compressed in chunks: the file is never held in memory whole."""
+    if model is not None:
+        model.save(path)
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # the gzip format
+    compressed = 0
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            compressed += len(compressor.compress(chunk))
+    compressed += len(compressor.flush())
+    return SavedSize(path.stat().st_size, compressed)
+
+
+def pruning_api() -> tuple[ModuleType, ModuleType]:
+    """``tfmot.sparsity.keras`` and the Keras it prunes with: tf-keras, since it needs Keras 2.
+
+    Importing tensorflow-model-optimization (0.8) sets ``TF_USE_LEGACY_KERAS=1`` in
+    ``os.environ``, then takes ``tf_keras`` where ``tf.keras`` is Keras 3. Had ``tf.keras`` not
+    been resolved yet, that variable would make it tf-keras for the whole process, and it would
+    reach every process started afterwards. So ``tf.keras`` is resolved first and the variable
+    restored: the process and its children keep their Keras. Raises ``ImportError`` where the
+    package or tf-keras is missing.
+    """
+    keras = importlib.import_module("tf_keras") if keras_3() else tf.keras
+    before = os.environ.get(LEGACY_KERAS_VARIABLE)
+    try:
+        tfmot = importlib.import_module("tensorflow_model_optimization")
+    finally:
+        if before is None:
+            os.environ.pop(LEGACY_KERAS_VARIABLE, None)
+        else:
+            os.environ[LEGACY_KERAS_VARIABLE] = before
+    return tfmot.sparsity.keras, keras
+
+
+def train_pruned(width: int = WIDTH) -> Any:
+    """The problem's training (float32, Adam) with ``prune_low_magnitude`` wrappers; returns the
+    wrapped model, ``PRUNED_SPARSITY`` of each kernel zero.
+
+    Each wrapper adds a mask as large as its kernel. The mask is computed once, at the first step
+    (its threshold comes from sorting the kernel's weights: seconds on a CPU), and applied at
+    every step.
+    """
+    pruning, keras = pruning_api()
+    model = build_model(width, keras=keras)
+    schedule = pruning.ConstantSparsity(PRUNED_SPARSITY, begin_step=1, frequency=STEPS)
+    pruned = pruning.prune_low_magnitude(model, pruning_schedule=schedule)
+    _fit(pruned, keras=keras, callbacks=[pruning.UpdatePruningStep()])
+    return pruned
+
+
+def strip_pruning(pruned: Any) -> Any:
+    """The model without its wrappers (plain Dense layers with the pruned kernels), as shipped."""
+    return pruning_api()[0].strip_pruning(pruned)
+
+
+def save_dense(path: Path, width: int = WIDTH) -> SavedSize:
+    """The size of the model as built, without pruning, saved to ``path`` (for comparison)."""
+    return saved_size(path, build_model(width, keras=pruning_api()[1]))
+
+
+def warm_up_pruning(directory: Path) -> None:
+    """Pay tf-keras's, the pruning wrappers' and saving's first-use costs on a tiny model."""
+    saved_size(directory / "warm-up.h5", strip_pruning(train_pruned(width=8)))
+    pruning_api()[1].backend.clear_session()
+
+
+def zero_share(model: Any) -> float:
+    """The share of zeros among the weights of the model's Dense kernels."""
+    kernels = [layer.kernel.numpy() for layer in model.layers if hasattr(layer, "kernel")]
+    return sum(int((k == 0).sum()) for k in kernels) / sum(k.size for k in kernels)
+
+
+def pruning_advice(training_peak: int, budget: int, pruned: SavedSize, dense: SavedSize) -> tuple[str, str, str]:
+    """What the pruning measurement says: its role (``fix`` where the training peak with the
+    wrappers fits the training budget, else ``no help``), the reason, and a note on the peak and
+    the saved file, worded from the ratios of the stripped model's file to the dense one's."""
+    role, reason = ("fix", "under budget") if training_peak <= budget else ("no help", "over budget")
+    plain, compressed = pruned.plain / dense.plain, pruned.compressed / dense.compressed
+    if compressed > SMALLER:
+        file = "no smaller, even compressed"
+    elif plain > SMALLER:
+        file = "smaller only compressed (to ship); as large on disk"
+    else:
+        file = "smaller on disk and compressed"
+    note = (f"pruning: training peak {format_size(training_peak)} ({training_peak / budget:.2f}x the budget); "
+            f"stripped model saved {format_size(pruned.plain)} ({plain:.2f}x the dense model's file), "
+            f"gzip {format_size(pruned.compressed)} ({compressed:.2f}x the dense file's gzip): {file}")
+    return role, reason, note
 
 
 def save_for_inference(directory: Path, width: int = WIDTH) -> tuple[Path, Path]:

@@ -8,7 +8,7 @@ that much, within the tolerance, both as a reading and as the peak of a measurem
 with the sampler running. Exit status 0 when it does, 1 when it does not. Elsewhere (no
 PyTorch/CuPy, or no GPU) it prints ``SKIPPED: <why>`` and exits 0.
 
-The probe file is loaded on its own, so neither pytest nor this package needs installing.
+The probe's folder is loaded on its own, so neither pytest nor this package needs installing.
 """
 
 from __future__ import annotations
@@ -22,18 +22,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-PROBE = Path(__file__).resolve().parent.parent / "pytest_tfmem" / "probes" / "nvml.py"
+PROBES = Path(__file__).resolve().parent.parent / "pytest_tfmem" / "probes"
 GiB = 2**30
 SIZES = {"mib": 2**20, "gib": 2**30, "mb": 10**6, "gb": 10**9}
 
 
 def load_probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tfmem_nvml_probe", PROBE)
+    """``probes/nvml.py`` (and the ``sampler`` it imports) as a package of their own, without
+    ``pytest_tfmem`` and its dependencies."""
+    spec = importlib.util.spec_from_file_location(
+        "tfmem_probes", PROBES / "__init__.py", submodule_search_locations=[str(PROBES)]
+    )
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = package  # its modules are found through it
+    spec.loader.exec_module(package)
+    return importlib.import_module("tfmem_probes.nvml")
 
 
 def parse_size(text: str) -> int:

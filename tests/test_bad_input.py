@@ -41,6 +41,15 @@ def test_bad_marker_arguments(pytester: pytest.Pytester, marker: str, expected: 
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 
+def test_an_unknown_marker_keyword_lists_every_feature_s_keywords(pytester: pytest.Pytester):
+    """Each feature declares its own keywords (``pytest_tfmem_marker_keywords``); the message has them all."""
+    pytester.makepyfile("import pytest\n\n@pytest.mark.tfmem(budjet='1GB')\ndef test_marked():\n    pass\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    accepted = "budget, explain, explain_mode, gpu_budget, isolate, kill_at, rerun, tolerance, trace"
+    result.stderr.fnmatch_lines([f"*unknown tfmem marker argument 'budjet'; accepted: {accepted}"])
+
+
 def test_positional_marker_arguments_are_refused(pytester: pytest.Pytester):
     pytester.makepyfile("import pytest\n\n@pytest.mark.tfmem('1GB')\ndef test_marked():\n    pass\n")
     result = pytester.runpytest()

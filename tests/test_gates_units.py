@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from pytest_tfmem.atomic import write_text_atomic
 from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.gates.baseline import (
     Baseline,
     BaselineEntry,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem import tfmemdir
-from pytest_tfmem.atomic import create_text_atomic
+from pytest_tfmem import files
+from pytest_tfmem.files import create_text_atomic
 from pytest_tfmem.trace import dirs as tracedirs
 
 
@@ -34,16 +34,16 @@ def test_a_measured_and_a_traced_session_leave_git_status_clean(pytester: pytest
 
 
 def test_every_tfmem_directory_on_the_way_gets_its_gitignore_once(tmp_path: Path):
-    deep = tfmemdir.make_directory(tmp_path / ".tfmem" / "traces" / "session")
+    deep = files.make_directory(tmp_path / ".tfmem" / "traces" / "session")
     assert deep.is_dir()
-    assert (tmp_path / ".tfmem" / ".gitignore").read_text() == tfmemdir.GITIGNORE
+    assert (tmp_path / ".tfmem" / ".gitignore").read_text() == files.GITIGNORE
     assert not (deep / ".gitignore").exists() and not (tmp_path / ".gitignore").exists()
     # One that exists is never replaced: a user may have written their own.
     (tmp_path / ".tfmem" / ".gitignore").write_text("!keep-me\n")
-    tfmemdir.make_directory(tmp_path / ".tfmem")
+    files.make_directory(tmp_path / ".tfmem")
     assert (tmp_path / ".tfmem" / ".gitignore").read_text() == "!keep-me\n"
     # Elsewhere nothing is ignored unless asked (a trace root asks for its own).
-    assert tfmemdir.make_directory(tmp_path / "ci" / "results") == tmp_path / "ci" / "results"
+    assert files.make_directory(tmp_path / "ci" / "results") == tmp_path / "ci" / "results"
     assert not list(tmp_path.joinpath("ci").rglob(".gitignore"))
 
 

@@ -263,6 +263,7 @@ def test_memory_growth_the_user_chose_is_kept(pytester: pytest.Pytester, monkeyp
 
 
 def test_with_real_tensorflow_and_no_gpu_the_limit_warns_and_tests_still_run(pytester: pytest.Pytester):
+    pytest.importorskip("tensorflow")
     pytester.makepyfile(
         """
         import pytest

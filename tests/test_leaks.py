@@ -46,7 +46,7 @@ def test_a_1MB_per_iteration_leak_is_flagged_and_a_flat_loop_passes_in_20_of_20_
     passed, _, failed = reprec.listoutcomes()
     assert {r.nodeid.split("::")[-1] for r in failed} == {f"test_leaking_loop[{run}]" for run in range(20)}
     assert len(passed) == 20 and all("test_flat_loop" in r.nodeid for r in passed)
-    assert all(r.longrepr.reprcrash.message.startswith("pytest_tfmem.leaks.check.LeakDetected: tfmem: leak: +") for r in failed)
+    assert all(r.longrepr.reprcrash.message.startswith("pytest_tfmem.errors.LeakDetected: tfmem: leak: +") for r in failed)
 
     growth = {name: record.extra["leak"]["growth_per_iteration"] for name, record in records_from_inline(reprec).items()}
     leaking = [g for name, g in growth.items() if name.startswith("test_leaking_loop")]
@@ -67,7 +67,7 @@ def test_the_failure_shows_the_growth_the_readings_and_the_growing_list(pytester
         "  growing types         none: the growth is not in gc-tracked Python objects *",
         "  growing containers    +1 items per iteration: list 'KEPT' (global of test_loops) holding ndarray (3 -> 13)",
         "  host RSS readings     * MiB, then +1.0 +1.9 +2.9 * MiB",
-        "FAILED test_loops.py::test_leaking_loop* - pytest_tfmem.leaks.check.LeakDetected*",
+        "FAILED test_loops.py::test_leaking_loop* - pytest_tfmem.errors.LeakDetected*",
     ])
 
 

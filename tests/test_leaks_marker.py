@@ -46,7 +46,7 @@ def test_the_marker_repeats_the_body_without_rerunning_fixtures_and_reports_like
     marker_failure, fixture_failure = (r.longrepr.reprcrash.message for r in failed)
     for message in (marker_failure, fixture_failure):
         lines = message.splitlines()
-        assert lines[0].startswith("pytest_tfmem.leaks.check.LeakDetected: tfmem: leak: +9")
+        assert lines[0].startswith("pytest_tfmem.errors.LeakDetected: tfmem: leak: +9")
         assert lines[0].endswith("KiB per iteration > max_growth 488.3 KiB (robust slope over 4 measured iterations after 2 warmup)")
         assert [line.split("  ")[1] for line in lines[1:]] == [
             "growth per iteration", "growing types", "growing containers", "host RSS readings"]

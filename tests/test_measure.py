@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,3 +117,52 @@ def test_the_mixed_sampler_adds_host_memory_outside_the_pool_to_the_tensors_in_u
     assert 395 * MIB <= reading.peak <= 410 * MIB, reading
     assert reading.pool_growth == 0 and reading.samples >= 1
     del block
+
+
+def test_swapped_memory_is_read_from_vmswap(tmp_path):
+    real = Path("/proc/self/status").read_text()
+    swapped, unswapped = tmp_path / "swapped", tmp_path / "no-swap-line"
+    swapped.write_text("".join(line if not line.startswith("VmSwap:") else "" for line in real.splitlines(True)) + "VmSwap:\t    2048 kB\n")
+    unswapped.write_text("".join(line for line in real.splitlines(True) if not line.startswith("VmSwap:")))
+    assert host.swapped_bytes(str(swapped)) == 2 * 2**20
+    assert host.swapped_bytes(str(unswapped)) == 0  # kernels without swap accounting: nothing to say
+    assert host.swapped_bytes(str(tmp_path / "missing")) == 0
+
+
+SWAPPED_CONFTEST = """
+import functools
+import pathlib
+
+from pytest_tfmem.probes import host
+
+# This machine has no swap: the status file the swap reading sees says 300 MiB were swapped out.
+status = pathlib.Path(__file__).with_name("status")
+lines = pathlib.Path("/proc/self/status").read_text().splitlines(True)
+status.write_text("".join(l for l in lines if not l.startswith("VmSwap:")) + "VmSwap:\\t  307200 kB\\n")
+host.swapped_bytes = functools.partial(host.swapped_bytes, str(status))
+"""
+
+SWAPPED_TESTS = """
+import unittest
+
+def test_function():
+    pass
+
+class Case(unittest.TestCase):
+    def test_method(self):
+        pass
+"""
+
+
+def test_a_test_ending_with_memory_in_swap_carries_a_note(pytester: pytest.Pytester):
+    from conftest import records_from_junit
+
+    pytester.makeconftest(SWAPPED_CONFTEST)
+    pytester.makepyfile(test_swapped=SWAPPED_TESTS)
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--junitxml={junit}", "-rA")
+    result.assert_outcomes(passed=2)
+    note = "300.0 MiB of this process was in swap at the end: the host view counts resident memory only, so it may read low by up to that much"
+    assert result.stdout.str().count(note) == 2  # in each test's tfmem section
+    records = records_from_junit(junit)
+    assert [records[name].measurement.notes for name in ("test_function", "test_method")] == [(note,), (note,)]

@@ -179,3 +179,81 @@ def test_no_tfmem_tf_warmup_leaves_the_runtime_to_the_test_despite_the_ini_file(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *arguments)
     result.assert_outcomes(passed=1)
+
+
+# -- path options: one rule for relative paths ---------------------------------------------------
+
+PATH_OPTIONS = sorted(name for name, option in declared_options().items() if option.parse is settings.parse_path)
+EMPTY_BASELINE = '{"format": "pytest-tfmem-baseline", "version": 1, "tests": {}}\n'
+
+
+def test_the_path_options_are_found():
+    assert set(PATH_OPTIONS) == {"results", "trace_dir", "baseline", "save_baseline", "report", "markdown"}
+
+
+def test_every_path_option_says_how_a_relative_path_is_read(pytester: pytest.Pytester):
+    unwrapped = "".join(pytester.runpytest("--help").stdout.str().split())
+    rule = "".join(settings.PATH_HELP.split())
+    for name in PATH_OPTIONS:
+        option = declared_options()[name]
+        assert "".join(f"{option.help}{settings.PATH_HELP} [ini: {option.ini}]".split()) in unwrapped, name
+    assert unwrapped.count(rule) >= 2 * len(PATH_OPTIONS)  # the options' help and the ini values'
+
+
+def _path_layout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """An ini file in ``ci/`` (not the rootdir), pytest started in ``work/``: three directories."""
+    ci, work = pytester.mkdir("ci"), pytester.mkdir("work")
+    (ci / "in.json").write_text(EMPTY_BASELINE)
+    (work / "in.json").write_text(EMPTY_BASELINE)
+    values = {"baseline": "in.json", "results": "out/results.jsonl", "trace_dir": "out/traces",
+              "save_baseline": "out/saved.json", "report": "out/report.json", "markdown": "out/summary.md"}
+    assert set(values) == set(PATH_OPTIONS)
+    monkeypatch.chdir(work)
+    return ci, work, values
+
+
+def test_a_relative_ini_path_is_read_from_the_ini_files_directory(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    ci, work, values = _path_layout(pytester, monkeypatch)
+    lines = "".join(f"tfmem_{name} = {value}\n" for name, value in values.items())
+    (ci / "tfmem.ini").write_text(f"[pytest]\n{lines}tfmem_trace = off\n")
+    config = pytester.parseconfig("-c", str(ci / "tfmem.ini"), f"--rootdir={pytester.path}")
+    assert config.rootpath == pytester.path and config.invocation_params.dir == work
+    for name, value in values.items():
+        assert settings.read_option(config, declared_options()[name]) == (ci / value, True), name
+
+
+def test_a_relative_command_line_path_is_read_from_where_pytest_was_started(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    ci, work, values = _path_layout(pytester, monkeypatch)
+    (ci / "tfmem.ini").write_text("[pytest]\ntfmem_report = elsewhere.json\n")
+    arguments = [f"{declared_options()[name].cli}={value}" for name, value in values.items()]
+    config = pytester.parseconfig("-c", str(ci / "tfmem.ini"), f"--rootdir={pytester.path}", *arguments)
+    for name, value in values.items():
+        assert settings.read_option(config, declared_options()[name]) == (work / value, True), name
+
+
+def test_override_ini_without_an_ini_file_reads_from_where_pytest_was_started(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    _, work, _ = _path_layout(pytester, monkeypatch)
+    config = pytester.parseconfig("-o", "tfmem_report=out/report.json", f"--rootdir={work}")
+    assert config.inipath is None
+    assert settings.read_option(config, declared_options()["report"]) == (work / "out/report.json", True)
+
+
+def test_the_files_of_a_run_go_where_the_rule_says(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    ci, work, values = _path_layout(pytester, monkeypatch)
+    (ci / "tfmem.ini").write_text("[pytest]\ntfmem_report = out/report.json\ntfmem_results = out/results.jsonl\n")
+    (work / "out").mkdir()  # reports and baselines go into existing directories
+    pytester.makepyfile(test_paths="def test_one():\n    pass\n")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-c", str(ci / "tfmem.ini"), f"--rootdir={pytester.path}",
+        "--tfmem-markdown=out/summary.md", "--tfmem-save-baseline=out/saved.json", str(pytester.path / "test_paths.py"),
+    )
+    result.assert_outcomes(passed=1)
+    assert (ci / "out/report.json").is_file() and (ci / "out/results.jsonl").is_file()  # from the ini file
+    assert (work / "out/summary.md").is_file() and (work / "out/saved.json").is_file()  # from the command line
+    assert not (pytester.path / "out").exists()  # never from the rootdir

@@ -9,8 +9,8 @@ Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the se
 ``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
 bad option value).
 
-Each subcommand is one ``add_*`` function that declares its parser and sets ``run``;
-adding one is adding a function to ``SUBCOMMANDS``.
+Each subcommand is a ``Command`` in ``COMMANDS``: its name, the ``run_*`` function that
+runs it, its help and its arguments; adding one is adding a ``Command``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.core.summary import render_table, summary_rows
-from pytest_tfmem.gates.baseline import BaselineError, load_baseline
+from pytest_tfmem.files import FileFormatError
+from pytest_tfmem.gates.baseline import load_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
@@ -33,7 +37,6 @@ from pytest_tfmem.gates.compare import (
 )
 from pytest_tfmem.gates.environment import environment_differences
 from pytest_tfmem.gates.reports import (
-    ReportError,
     SessionReport,
     comparison_markdown,
     comparison_rows,
@@ -65,34 +68,42 @@ def _option_type(parse: Callable[[object, str], Any], what: str) -> Callable[[st
     return convert
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"invalid number {text!r}: expected a whole number >= 1")
-    return int(text)
+_TOP = _option_type(parse_positive_int, "number")
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One ``add_argument`` call: the names, then the keywords."""
+
+    names: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def argument(*names: str, **options: Any) -> Argument:
+    return Argument(names, options)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``tfmem NAME ARGUMENTS...`` calls ``run`` with the parsed arguments."""
+
+    name: str
+    run: Callable[[argparse.Namespace], int]
+    help: str
+    description: str
+    arguments: tuple[Argument, ...]
+
+    def add_to(self, subparsers: argparse._SubParsersAction) -> None:
+        parser = subparsers.add_parser(self.name, help=self.help, description=self.description)
+        for each in self.arguments:
+            parser.add_argument(*each.names, **each.options)
+        parser.set_defaults(run=self.run)
+
+
+REPORT = argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
 
 
 # compare
-
-
-def add_compare(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "compare",
-        help="compare a report with a baseline; exit code 1 on a regression",
-        description="Compare each test's peak in REPORT (pytest --tfmem-report) with its entry in BASELINE "
-        "(pytest --tfmem-save-baseline). Exit code 0: nothing grew beyond tolerance; 1: a regression; "
-        "2: bad input.",
-    )
-    parser.add_argument("baseline", metavar="BASELINE", help="baseline file (pytest --tfmem-save-baseline=PATH)")
-    parser.add_argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
-    parser.add_argument(
-        "--tolerance",
-        type=_option_type(parse_tolerance, "--tolerance value"),
-        help=f"{TOLERANCE_FORMS}; default: each test's marker tolerance, else the report's, else "
-        f"{DEFAULT_TOLERANCE}".replace("%", "%%"),  # argparse %-formats help
-    )
-    parser.add_argument("--markdown", action="store_true", help="print Markdown (for a pull-request comment)")
-    parser.add_argument("--all", action="store_true", help="list every test, not only those beyond tolerance or new")
-    parser.set_defaults(run=run_compare)
 
 
 def _tolerance_for(record_extra: dict[str, Any], report: SessionReport, chosen: Tolerance | None) -> Tolerance:
@@ -142,15 +153,6 @@ def run_compare(args: argparse.Namespace) -> int:
 # show
 
 
-def add_show(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "show", help="print a report as a table", description="Print the tests of a JSON report, heaviest first."
-    )
-    parser.add_argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
-    parser.add_argument("--top", type=_positive_int, help="show only the N heaviest tests")
-    parser.set_defaults(run=run_show)
-
-
 def run_show(args: argparse.Namespace) -> int:
     report = _load(load_report, args.report)
     environment = ", ".join(
@@ -171,22 +173,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 # plot
-
-
-def add_plot(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "plot",
-        help="draw a PNG bar chart of the peaks",
-        description="Draw the heaviest tests' peaks as a PNG bar chart, with each test's baseline and budget "
-        "marked. Needs matplotlib.",
-    )
-    parser.add_argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
-    parser.add_argument("-o", "--output", required=True, metavar="PNG", help="where to write the chart")
-    parser.add_argument(
-        "--baseline", metavar="BASELINE", help="baseline file to mark (default: what the report was compared with)"
-    )
-    parser.add_argument("--top", type=_positive_int, default=30, help="the N heaviest tests (default 30)")
-    parser.set_defaults(run=run_plot)
 
 
 def run_plot(args: argparse.Namespace) -> int:
@@ -215,28 +201,7 @@ def run_plot(args: argparse.Namespace) -> int:
 # last
 
 
-def add_last(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "last",
-        help="what the last pytest session did, even if it was killed",
-        description="Read the results journal pytest-tfmem writes while tests run: the test that was "
-        "running when the session stopped, with its last memory reading, and the tests that had "
-        "finished. Exit code 0: the session finished; 1: it did not (killed, crashed or still running); "
-        "2: no results.",
-    )
-    parser.add_argument(
-        "results",
-        nargs="?",
-        metavar="RESULTS",
-        help="the journal (default: .tfmem/results.jsonl here or in the nearest parent directory)",
-    )
-    parser.add_argument("--all", action="store_true", help="list every finished test, not only the last 20")
-    parser.set_defaults(run=run_last)
-
-
 def run_last(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from pytest_tfmem.journal.reader import describe_last, find_results
 
     path = Path(args.results) if args.results else find_results()
@@ -250,13 +215,76 @@ def run_last(args: argparse.Namespace) -> int:
 # the command
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_compare, add_show, add_plot, add_last]
+COMMANDS = [
+    Command(
+        "compare",
+        run_compare,
+        help="compare a report with a baseline; exit code 1 on a regression",
+        description="Compare each test's peak in REPORT (pytest --tfmem-report) with its entry in BASELINE "
+        "(pytest --tfmem-save-baseline). Exit code 0: nothing grew beyond tolerance; 1: a regression; "
+        "2: bad input.",
+        arguments=(
+            argument("baseline", metavar="BASELINE", help="baseline file (pytest --tfmem-save-baseline=PATH)"),
+            REPORT,
+            argument(
+                "--tolerance",
+                type=_option_type(parse_tolerance, "--tolerance value"),
+                help=f"{TOLERANCE_FORMS}; default: each test's marker tolerance, else the report's, else "
+                f"{DEFAULT_TOLERANCE}".replace("%", "%%"),  # argparse %-formats help
+            ),
+            argument("--markdown", action="store_true", help="print Markdown (for a pull-request comment)"),
+            argument("--all", action="store_true", help="list every test, not only those beyond tolerance or new"),
+        ),
+    ),
+    Command(
+        "show",
+        run_show,
+        help="print a report as a table",
+        description="Print the tests of a JSON report, heaviest first.",
+        arguments=(REPORT, argument("--top", type=_TOP, help="show only the N heaviest tests")),
+    ),
+    Command(
+        "plot",
+        run_plot,
+        help="draw a PNG bar chart of the peaks",
+        description="Draw the heaviest tests' peaks as a PNG bar chart, with each test's baseline and budget "
+        "marked. Needs matplotlib.",
+        arguments=(
+            REPORT,
+            argument("-o", "--output", required=True, metavar="PNG", help="where to write the chart"),
+            argument(
+                "--baseline",
+                metavar="BASELINE",
+                help="baseline file to mark (default: what the report was compared with)",
+            ),
+            argument("--top", type=_TOP, default=30, help="the N heaviest tests (default 30)"),
+        ),
+    ),
+    Command(
+        "last",
+        run_last,
+        help="what the last pytest session did, even if it was killed",
+        description="Read the results journal pytest-tfmem writes while tests run: the test that was "
+        "running when the session stopped, with its last memory reading, and the tests that had "
+        "finished. Exit code 0: the session finished; 1: it did not (killed, crashed or still running); "
+        "2: no results.",
+        arguments=(
+            argument(
+                "results",
+                nargs="?",
+                metavar="RESULTS",
+                help="the journal (default: .tfmem/results.jsonl here or in the nearest parent directory)",
+            ),
+            argument("--all", action="store_true", help="list every finished test, not only the last 20"),
+        ),
+    ),
+]
 
 
 def _load(load: Callable[[str], Any], path: str) -> Any:
     try:
         return load(path)
-    except (BaselineError, ReportError) as error:
+    except FileFormatError as error:
         raise CliError(str(error)) from None
 
 
@@ -268,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 fine, 1 regression beyond tolerance (compare), 2 bad input",
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(subparsers)
+    for command in COMMANDS:
+        command.add_to(subparsers)
     return parser
 
 

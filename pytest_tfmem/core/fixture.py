@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pytest_tfmem.core.measure import Measurement, Monitor
+from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.leaks import check as leaks
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.tf import clear_keras_sessions
@@ -47,15 +47,18 @@ class CleanReport:
 class TfmemFixture:
     """Finer control inside a test; the test's own window keeps measuring around it."""
 
-    def __init__(self, test_monitor: Callable[[], Monitor | None]) -> None:
+    def __init__(
+        self, test_monitor: Callable[[], Monitor | None], trackers: Callable[[], list[PeakTracker]] = list
+    ) -> None:
         self._test_monitor = test_monitor  # the per-test window opens after fixtures are set up
+        self._trackers = trackers  # the features' own trackers (NVML...), read in every window
         self.leak_reports: list[leaks.LeakReport] = []  # this test's leak checks, for its record
 
     @contextmanager
     def measure(self) -> Iterator[MeasureResult]:
         """Measure the block: ``with tfmem.measure() as m: ...`` then ``m.peak`` (bytes)."""
         result = MeasureResult()
-        monitor = Monitor().start()
+        monitor = Monitor(trackers=self._trackers()).start()
         try:
             yield result
         finally:
@@ -91,18 +94,10 @@ class TfmemFixture:
         max_growth: int | str = leaks.DEFAULT_MAX_GROWTH,
     ) -> leaks.LeakReport:
         """Call ``fn`` ``warmup`` times, then ``iterations`` measured times; report the growth."""
-        report = leaks.leak_check(fn, iterations, warmup, max_growth)
+        report = leaks.leak_check(fn, iterations, warmup, max_growth, trackers=self._trackers())
         self.leak_reports.append(report)
         return report
 
-    def assert_no_leak(
-        self,
-        fn: Callable[[], object],
-        iterations: int = leaks.DEFAULT_ITERATIONS,
-        warmup: int = leaks.DEFAULT_WARMUP,
-        max_growth: int | str = leaks.DEFAULT_MAX_GROWTH,
-    ) -> leaks.LeakReport:
-        """``leak_check``, then fail the test with ``LeakDetected`` if it grew over ``max_growth``."""
-        report = self.leak_check(fn, iterations, warmup, max_growth)
-        leaks.raise_if_leaked(report)
-        return report
+    assert_no_leak = leaks.failing_on_leak(
+        leak_check, "``leak_check``, then fail the test with ``LeakDetected`` if it grew over ``max_growth``."
+    )

@@ -2,21 +2,23 @@
 each test, applies the checks and writes the summary. Thin glue: no arithmetic here.
 
 Inert unless a tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
-fixture.
+fixture. Features reach the manager with ``manager(config)`` and plug into it through tfmem's
+hooks (``hookspecs.py``).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 
 from pytest_tfmem import hookspecs
-from pytest_tfmem.core import settings
+from pytest_tfmem.core import processes, settings
 from pytest_tfmem.core.fixture import TfmemFixture
-from pytest_tfmem.core.measure import Measurement, Monitor
-from pytest_tfmem.core.record import TestRecord, record_from_report, republish
+from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.core.verdict import Verdict, check_budget
@@ -27,11 +29,9 @@ from pytest_tfmem.probes.garbage import Collector
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()
-PLUGIN_NAME = "tfmem-manager"
+_MANAGER = pytest.StashKey["TfmemManager"]()
 # On a call report whose test should have been measured but was not: why (the summary lists them).
 NOT_MEASURED = "tfmem_not_measured"
-# Markers besides ``tfmem`` that make a test measured; feature modules add theirs.
-MEASURING_MARKERS = {settings.MARKER}
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -48,20 +48,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "tfmem(budget=None, ...): memory policy for this test; budget='512MB' overrides "
         "--tfmem-budget, budget=None exempts the test (pytest-tfmem)",
     )
-    config.pluginmanager.register(TfmemManager(config), PLUGIN_NAME)
+    config.stash[_MANAGER] = TfmemManager(config)
+    config.pluginmanager.register(config.stash[_MANAGER], "tfmem-manager")
+
+
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"budget": settings.parse_optional_size, RERUN_KEYWORD: settings.parse_bool}
 
 
 @pytest.fixture
 def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
     """Measure blocks (``with tfmem.measure() as m``), read ``peak()``/``current()``, ``clean()``."""
     item = request.node
-    return TfmemFixture(lambda: item.stash.get(MONITOR, None))
+    return TfmemFixture(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
 
 
 def manager(config: pytest.Config) -> TfmemManager:
-    plugin = config.pluginmanager.get_plugin(PLUGIN_NAME)
-    assert isinstance(plugin, TfmemManager)
-    return plugin
+    """The session's manager: what every feature reads the measured tests and records from."""
+    return config.stash[_MANAGER]
 
 
 class TfmemManager:
@@ -72,17 +76,32 @@ class TfmemManager:
         self.settings = settings.CoreSettings.from_config(config)
         self.records: list[TestRecord] = []
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
-        # A tfmem option was given (budget, baseline, report, GPU budget...): measure every test
-        self.measure_every_test = self.settings.any_set
+        self._measure_all: bool | None = None
         self._tensorflow_prepared = False
         self.collector = Collector(host.current_rss)
+        self.marker_keywords: dict[str, Callable[[object, str], Any]] = {}
+        for keywords in config.hook.pytest_tfmem_marker_keywords():
+            self.marker_keywords.update(keywords)
+        self.measuring_markers = {settings.MARKER}.union(*config.hook.pytest_tfmem_measuring_markers())
+
+    @property
+    def measure_all(self) -> bool:
+        """A tfmem option was given (budget, baseline, report, GPU budget...): measure every test."""
+        if self._measure_all is None:
+            asked = self.config.hook.pytest_tfmem_measure_all(config=self.config)
+            self._measure_all = self.settings.any_set or any(asked)
+        return self._measure_all
 
     def is_measured(self, item: pytest.Item) -> bool:
         return (
-            self.measure_every_test
-            or any(item.get_closest_marker(name) for name in MEASURING_MARKERS)
+            self.measure_all
+            or any(item.get_closest_marker(name) for name in self.measuring_markers)
             or "tfmem" in getattr(item, "fixturenames", ())
         )
+
+    def trackers(self) -> list[PeakTracker]:
+        """The features' own peak trackers, for every window besides host and TensorFlow's."""
+        return [tracker for trackers in self.config.hook.pytest_tfmem_trackers() for tracker in trackers]
 
     def budget_for(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(ARGUMENTS, {})
@@ -110,7 +129,7 @@ class TfmemManager:
         record.verdicts = [v for v in verdicts if v is not None]
         item.stash[RECORD] = record
         # On the item, so the call and teardown reports both carry it (JUnit XML reads teardown's)
-        item.user_properties.extend(record.user_properties())
+        publish(item, record)
         return record
 
     def fail_if_needed(self, record: TestRecord) -> None:
@@ -121,7 +140,7 @@ class TfmemManager:
     @pytest.hookimpl
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            item.stash[ARGUMENTS] = settings.marker_arguments(item)
+            item.stash[ARGUMENTS] = settings.marker_arguments(item, self.marker_keywords)
 
     # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
     # leak marker's wrapper (trylast too, registered earlier) is inside this one.
@@ -132,7 +151,7 @@ class TfmemManager:
         if not self.is_measured(item):
             return (yield)
         self.prepare_tensorflow()
-        monitor = Monitor(collect=self.collector.collect, sample_mixed=True)
+        monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
         item.stash[MONITOR] = monitor
         monitor.start()
         try:
@@ -170,23 +189,32 @@ class TfmemManager:
                 warnings.warn(
                     pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
                 )
-        republish(item, record)
+        publish(item, record)
 
     @pytest.hookimpl(trylast=True)
     def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> None:
         """Innermost: the body itself (its output is kept apart from the first run's)."""
         assert isinstance(item, pytest.Function)  # rerun_refusal let only functions through
-        rerun.result = rerun_test_body(item, MONITOR)
+        rerun.result = rerun_test_body(item, MONITOR, self.trackers())
         rerun.output = read_output(item)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: every worker serves this session."""
+        processes.hand_to_worker(self.config, node.workerinput)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        record = item.stash.get(RECORD, None) if call.when == "call" else None
+        # Asked before the report is made, so that what features publish now reaches it.
+        added = [] if record is None else self.config.hook.pytest_tfmem_report_sections(item=item, record=record)
         report = yield
-        record = item.stash.get(RECORD, None)
-        if call.when == "call" and record is not None:
+        if record is not None:
             report.sections.append(("tfmem", _section_text(record)))
+            for sections in added:
+                report.sections.extend(sections)
         elif call.when == "call" and self.is_measured(item) and not report.skipped:
             # The call phase ran without passing through pytest_runtest_call (another plugin
             # ran the test its own way): say so rather than leave the test silently unmeasured.

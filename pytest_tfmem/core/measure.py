@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +43,10 @@ class PeakTracker:
         self.source = source
         self._open: list[_Window] = []
 
+    @property
+    def _sampled_every_s(self) -> float | None:
+        return getattr(self.source, "sampled_every_s", None)
+
     def _fold(self) -> None:
         if self._open:
             seen = self.source.peak()
@@ -60,7 +64,7 @@ class PeakTracker:
     def peek(self, window: _Window) -> ViewReading:
         """The window's reading so far, leaving it open."""
         self._fold()
-        return ViewReading(self.source.name, window.start, window.peak, self.source.current())
+        return ViewReading(self.source.name, window.start, window.peak, self.source.current(), self._sampled_every_s)
 
     def close(self, window: _Window) -> ViewReading:
         reading = self.peek(window)
@@ -74,7 +78,7 @@ class PeakTracker:
         self._fold()
         self.source.reset_peak()
         current = self.source.current()
-        reading = ViewReading(self.source.name, window.start, max(window.peak, current), current)
+        reading = ViewReading(self.source.name, window.start, max(window.peak, current), current, self._sampled_every_s)
         window.start = window.peak = current
         return reading
 
@@ -87,6 +91,9 @@ class ViewReading:
     start: int
     peak: int
     end: int
+    # Seconds between background readings of a source that keeps no peak of its own (NVML); 0
+    # when read only at the window's edges; ``None`` for sources with an exact peak.
+    sampled_every_s: float | None = None
 
     @property
     def increase(self) -> int:
@@ -141,6 +148,14 @@ class Measurement:
         """Largest increase among TensorFlow's GPU allocators, ``None`` without a GPU view."""
         gpus = [v.increase for v in self.views if v.view.startswith("tf:GPU")]
         return max(gpus) if gpus else None
+
+    def gpu_views(self) -> tuple[ViewReading, ...]:
+        """The views a GPU budget reads: TensorFlow's GPU allocators, else NVML's per-GPU views."""
+        for prefix in ("tf:GPU", "nvml:"):
+            views = tuple(v for v in self.views if v.view.startswith(prefix))
+            if views:
+                return views
+        return ()
 
     @property
     def exact_peak(self) -> int:
@@ -209,13 +224,7 @@ class Probes:
             tf = tf_probe.loaded_tensorflow()
             if tf is not None and tf_probe.runtime_started():
                 self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
-        return [self.host, *(self.tf_devices or []), *(t for provide in TRACKER_PROVIDERS for t in provide())]
-
-
-# More trackers for every window, from feature plugins (e.g. NVML's per-GPU views). A provider
-# returns the same trackers at every call, so nested windows fold correctly. Their views are
-# reported beside the others; ``Measurement.peak`` reads only host and ``tf:CPU`` views.
-TRACKER_PROVIDERS: list[Callable[[], list[PeakTracker]]] = []
+        return [self.host, *(self.tf_devices or [])]
 
 _probes: Probes | None = None
 
@@ -232,14 +241,22 @@ class Monitor:
 
     ``collect`` is how garbage is collected before the window opens (``gc.collect`` by default;
     the per-test windows use ``garbage.Collector.collect``, which costs only the new objects).
+    ``trackers`` are read besides the process-wide ones (host, TensorFlow's allocators): the
+    features' own (``pytest_tfmem_trackers``), the same objects for every window of a test.
     """
 
     def __init__(
-        self, *, release_first: bool = True, collect: Callable[[], object] = gc.collect, sample_mixed: bool = False
+        self,
+        *,
+        release_first: bool = True,
+        collect: Callable[[], object] = gc.collect,
+        sample_mixed: bool = False,
+        trackers: Sequence[PeakTracker] = (),
     ) -> None:
         self.release_first = release_first
         self.collect = collect
         self.sample_mixed = sample_mixed  # the per-test window: also sample host + TF memory held at once
+        self.trackers = tuple(trackers)
         self._mixed: MixedSampler | None = None
         self.measurement: Measurement | None = None
         self._windows: list[tuple[PeakTracker, _Window]] = []
@@ -248,7 +265,7 @@ class Monitor:
     def start(self) -> Monitor:
         if self.release_first:
             host.release_freed_memory(self.collect)
-        self._windows = [(tracker, tracker.open()) for tracker in probes().trackers()]
+        self._windows = [(tracker, tracker.open()) for tracker in (*probes().trackers(), *self.trackers)]
         self._mixed = probes().mixed_sampler() if self.sample_mixed else None
         if self._mixed is not None:
             self._mixed.arm()
@@ -262,6 +279,12 @@ class Monitor:
             readings, time.perf_counter() - self._t0, exact, (),
             mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
         )
+        swapped = host.swapped_bytes()
+        if swapped:
+            notes.append(
+                f"{format_size(swapped)} of this process was in swap at the end: the host view counts "
+                "resident memory only, so it may read low by up to that much"
+            )
         if measurement.sampled:
             assert mixed is not None
             notes.append(

@@ -22,14 +22,10 @@ from typing import Any
 
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.verdict import describe_views
-from pytest_tfmem.errors import FAILURE_BY_CHECK, DeviceOutOfMemory
 from pytest_tfmem.units import format_size
 
 CHECK = "oom"
 CPU_LIMIT_VARIABLE = "TF_MKL_ALLOC_MAX_BYTES"  # caps TensorFlow's oneDNN CPU allocator
-
-
-FAILURE_BY_CHECK[CHECK] = DeviceOutOfMemory
 
 _ALLOCATION = re.compile(
     r"OOM when allocating tensor with shape\s*\[(?P<shape>[^\]]*)\]\s*and type (?P<dtype>\w+)"

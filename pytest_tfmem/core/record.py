@@ -33,6 +33,13 @@ class TestRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # sections added by features
     outcome: str | None = None  # filled in from the report
     notes: list[str] = field(default_factory=list)  # shown under the test's tfmem section
+    gpu_budget: int | None = None  # the GPU budget the test was held to, where one applied
+
+    @property
+    def gpu_need(self) -> int | None:
+        """The figure a GPU budget is checked against: the largest GPU view's increase."""
+        views = self.measurement.gpu_views() if self.measurement else ()
+        return max(v.increase for v in views) if views else None
 
     @property
     def failed_verdicts(self) -> list[Verdict]:
@@ -47,6 +54,7 @@ class TestRecord:
             "verdicts": [vars(v) for v in self.verdicts],
             "extra": self.extra,
             "notes": self.notes,
+            "gpu_budget": self.gpu_budget,
         }
 
     @classmethod
@@ -60,6 +68,7 @@ class TestRecord:
             extra=data.get("extra", {}),
             outcome=data.get("outcome"),
             notes=list(data.get("notes", [])),
+            gpu_budget=data.get("gpu_budget"),
         )
 
     def user_properties(self) -> list[tuple[str, object]]:
@@ -71,20 +80,31 @@ class TestRecord:
                 properties.append((f"tfmem_{name}_bytes", view.increase))
         if self.budget is not None:
             properties.append(("tfmem_budget_bytes", self.budget))
+        if self.gpu_budget is not None:
+            properties.append(("tfmem_gpu_budget_bytes", self.gpu_budget))
         return properties
 
 
-def republish(item: pytest.Item, record: TestRecord) -> None:
-    """Refresh the record already attached to the item's properties after a change to it."""
-    fresh = record.user_properties()[0]
-    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+def publish(holder: pytest.Item | pytest.TestReport, record: TestRecord) -> None:
+    """Put the record on ``holder``'s properties: an item's (the reports made from it carry
+    them) or a report's. The one way to update a record after the fact: change it, publish it
+    again, and its earlier properties are replaced where they stand."""
+    fresh = dict(record.user_properties())
+    properties = [(name, fresh.pop(name, value)) for name, value in holder.user_properties]
+    holder.user_properties[:] = [*properties, *fresh.items()]
+
+
+def published_record(holder: pytest.Item | pytest.TestReport) -> TestRecord | None:
+    """The record ``publish`` put on ``holder``, or ``None``."""
+    for name, value in holder.user_properties:
+        if name == PROPERTY and isinstance(value, str):
+            return TestRecord.from_dict(json.loads(value))
+    return None
 
 
 def record_from_report(report: pytest.TestReport) -> TestRecord | None:
     """The record a report carries, with the report's outcome, or ``None``."""
-    for name, value in report.user_properties:
-        if name == PROPERTY and isinstance(value, str):
-            record = TestRecord.from_dict(json.loads(value))
-            record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
-            return record
-    return None
+    record = published_record(report)
+    if record is not None:
+        record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+    return record

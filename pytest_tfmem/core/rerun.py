@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import inspect
 import unittest
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 
-from pytest_tfmem.core.measure import Measurement, Monitor
+from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 
 RERUN_KEYWORD = "rerun"  # tfmem(rerun=False) forbids re-runs of a test
 
@@ -114,10 +114,13 @@ def _run_unittest_method(item: pytest.Function) -> str | None:
     return None
 
 
-def rerun_test_body(item: pytest.Function, monitor_key: pytest.StashKey[Monitor]) -> RerunResult:
-    """Run the test's body again, measured by a fresh ``Monitor`` (kept in the item's stash
-    under ``monitor_key`` meanwhile, so ``tfmem.peak()`` works in the second run too)."""
-    monitor = Monitor()
+def rerun_test_body(
+    item: pytest.Function, monitor_key: pytest.StashKey[Monitor], trackers: Sequence[PeakTracker] = ()
+) -> RerunResult:
+    """Run the test's body again, measured by a fresh ``Monitor`` over ``trackers`` too (kept
+    in the item's stash under ``monitor_key`` meanwhile, so ``tfmem.peak()`` works in the
+    second run too)."""
+    monitor = Monitor(trackers=trackers)
     item.stash[monitor_key] = monitor
     error = None
     monitor.start()

@@ -6,12 +6,19 @@ wins. An on/off option (one parsed by ``parse_bool``) is turned on by ``--tfmem-
 switch) or ``--tfmem-NAME=VALUE`` (an option that takes a value), and off by
 ``--no-tfmem-NAME``; when both are given, the last one wins. Bad values raise
 ``pytest.UsageError`` naming the value and the accepted forms.
+
+A path option (one parsed by ``parse_path``) follows pytest's own rule for relative paths,
+the same for every path option: on the command line, from the directory pytest was started
+in (like ``--junitxml``); in the ini file, from the ini file's directory (like pytest's
+``paths`` ini values; from the current directory for ``-o NAME=VALUE`` without an ini file).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,14 +46,25 @@ def parse_bool(value: object, what: str) -> bool:
     raise ValueError(f"invalid {what} {value!r}: expected true/false (also 1/0, yes/no, on/off)")
 
 
+def parse_path(value: object, what: str) -> Path:
+    """A file or directory path, ``~`` expanded; ``read_option`` makes a relative one absolute."""
+    text = str(value).strip()
+    if not text or "\0" in text:
+        raise ValueError(f"invalid {what} {value!r}: expected a path")
+    return Path(os.path.expanduser(text))
+
+
+PATH_HELP = (
+    "; a relative path is taken from the current directory on the command line, from the ini "
+    "file's directory in an ini file"
+)
+
+
 def parse_positive_int(value: object, what: str) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = -1
-    if isinstance(value, bool) or number < 1:
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
         raise ValueError(f"invalid {what} {value!r}: expected a whole number >= 1")
-    return number
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,8 @@ class Option:
 def add_options(parser: pytest.Parser, options: list[Option]) -> None:
     group = parser.getgroup("tfmem", "memory budgets for TensorFlow/Keras tests (pytest-tfmem)")
     for option in options:
-        cli_help = f"{option.help} [ini: {option.ini}]".replace("%", "%%")  # argparse %-formats help
+        text = option.help + (PATH_HELP if option.parse is parse_path else "")
+        cli_help = f"{text} [ini: {option.ini}]".replace("%", "%%")  # argparse %-formats help
         if option.flag:
             group.addoption(option.cli, action="store_const", const=True, default=None, dest=option.ini,
                             help=cli_help)
@@ -86,24 +105,28 @@ def add_options(parser: pytest.Parser, options: list[Option]) -> None:
         if option.no_cli is not None:  # same dest: of --tfmem-NAME and --no-tfmem-NAME, the last wins
             group.addoption(option.no_cli, action="store_const", const=False, default=None, dest=option.ini,
                             help=f"turn {option.cli} off, whatever ini {option.ini} says")
-        parser.addini(option.ini, help=option.help, default=None)
+        parser.addini(option.ini, help=text, default=None)
 
 
 def read_option(config: pytest.Config, option: Option) -> tuple[Any, bool]:
     """The option's parsed value (command line, else ini, else default) and whether it was set."""
     raw = config.getoption(option.ini, default=None)  # False (--no-tfmem-NAME) is set, too
-    source = option.cli
+    source, base = option.cli, config.invocation_params.dir
     if raw is None:
         raw = config.getini(option.ini)
         source = f"ini {option.ini}"
+        base = config.inipath.parent if config.inipath is not None else base
     if raw is None or raw == "" or raw == []:
         return option.default, False
     if isinstance(raw, list):  # an ini line written without quotes may come back split
         raw = " ".join(raw)
     try:
-        return option.parse(raw, f"{source} value"), True
+        value = option.parse(raw, f"{source} value")
     except ValueError as error:
         raise pytest.UsageError(f"pytest-tfmem: {error}") from None
+    if isinstance(value, Path):  # see the module docstring
+        value = (base / value).absolute()
+    return value, True
 
 
 BUDGET = Option("budget", f"peak memory budget for every test; {SIZE_FORMS}", parse_optional_size)
@@ -136,12 +159,9 @@ class CoreSettings:
         )
 
 
-# Marker keywords: name -> parser. Features register theirs at import time.
-MARKER_KEYWORDS: dict[str, Callable[[object, str], Any]] = {"budget": parse_optional_size, "rerun": parse_bool}
-
-
-def marker_arguments(item: pytest.Item) -> dict[str, Any]:
-    """Parsed keyword arguments of the item's ``tfmem`` markers (the closest marker wins).
+def marker_arguments(item: pytest.Item, keywords: dict[str, Callable[[object, str], Any]]) -> dict[str, Any]:
+    """Parsed keyword arguments of the item's ``tfmem`` markers (the closest marker wins);
+    ``keywords``: each accepted keyword's parser (``pytest_tfmem_marker_keywords``).
 
     Raises ``pytest.UsageError`` naming the test, the bad argument and the accepted forms.
     """
@@ -153,9 +173,9 @@ def marker_arguments(item: pytest.Item) -> dict[str, Any]:
                 f"(e.g. budget='512MB'), got positional {mark.args!r}"
             )
         for key, value in mark.kwargs.items():
-            parse = MARKER_KEYWORDS.get(key)
+            parse = keywords.get(key)
             if parse is None:
-                accepted = ", ".join(sorted(MARKER_KEYWORDS))
+                accepted = ", ".join(sorted(keywords))
                 raise pytest.UsageError(
                     f"pytest-tfmem: {item.nodeid}: unknown tfmem marker argument {key!r}; accepted: {accepted}"
                 )

@@ -9,10 +9,33 @@ from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.units import format_size
 
 
-def _use(record: TestRecord) -> str:
-    if record.budget is None or record.measurement is None or record.budget == 0:
+def _use(need: int | None, budget: int | None) -> str:
+    if budget is None or need is None or budget == 0:
         return "-"
-    return f"{100 * record.measurement.peak / record.budget:.0f}%"
+    return f"{100 * need / budget:.0f}%"
+
+
+def _nvml_header(records: Sequence[TestRecord]) -> str:
+    """``NVML GPU (every 50 ms)``: NVML keeps no peak, so its column says how it was read."""
+    intervals = {
+        v.sampled_every_s
+        for r in records
+        for v in r.measurement.views  # type: ignore[union-attr]
+        if v.view.startswith("nvml:") and v.sampled_every_s is not None
+    }
+    if not intervals:
+        return "NVML GPU"
+    interval = max(intervals)
+    return f"NVML GPU (every {interval * 1000:g} ms)" if interval else "NVML GPU (start/end)"
+
+
+def _result(record: TestRecord) -> str:
+    failed = {v.check for v in record.failed_verdicts}
+    if "budget" in failed:
+        return "over budget"
+    if "gpu_budget" in failed:
+        return "over GPU budget"
+    return record.outcome or ""
 
 
 def _nvml(measurement: Measurement) -> str:
@@ -21,16 +44,21 @@ def _nvml(measurement: Measurement) -> str:
 
 
 def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
-    """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use, result."""
+    """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use, result;
+    NVML's column and the GPU budget's columns where they apply."""
     measured = [r for r in records if r.measurement is not None]
     measured.sort(key=lambda r: r.measurement.peak, reverse=True)  # type: ignore[union-attr]
     with_nvml = any(v.view.startswith("nvml:") for r in measured for v in r.measurement.views)  # type: ignore[union-attr]
-    nvml_column = ["NVML GPU"] if with_nvml else []
-    rows = [["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", "result"]]
+    with_gpu_budget = any(r.gpu_budget is not None for r in measured)
+    nvml_column = [_nvml_header(measured)] if with_nvml else []
+    gpu_budget_columns = ["GPU budget", "GPU use"] if with_gpu_budget else []
+    header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", *gpu_budget_columns]
+    rows = [[*header, "result"]]
     for record in measured[:top]:
         m = record.measurement
         assert m is not None
         has_tf = any(v.view.startswith("tf:CPU") for v in m.views)
+        gpu_budget_cells = [format_size(record.gpu_budget), _use(record.gpu_need, record.gpu_budget)]
         rows.append(
             [
                 record.nodeid,
@@ -40,8 +68,9 @@ def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
                 format_size(m.gpu),
                 *([_nvml(m)] if with_nvml else []),
                 format_size(record.budget),
-                _use(record),
-                "over budget" if any(v.check == "budget" for v in record.failed_verdicts) else (record.outcome or ""),
+                _use(m.peak, record.budget),
+                *(gpu_budget_cells if with_gpu_budget else []),
+                _result(record),
             ]
         )
     return rows

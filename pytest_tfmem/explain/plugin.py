@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import PROPERTY, TestRecord
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun
 from pytest_tfmem.explain.lines import (
     FunctionLines,
@@ -42,18 +42,11 @@ from pytest_tfmem.explain.lines import (
 from pytest_tfmem.explain.tf_ops import AllocatorPeak, TraceUnreadable, memory_profile, peak_allocations, render_ops
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.trace.capture import update_summary
-from pytest_tfmem.trace.plugin import (
-    ALWAYS as TRACE_ALWAYS,
-    PLUGIN_NAME as TRACE_PLUGIN,
-    RERUN_LABEL as TRACE_RERUN_LABEL,
-    TRACE,
-)
 from pytest_tfmem.trace.profiler import ProfilerCapture
 from pytest_tfmem.units import format_size
 
 RERUN, FROM_START = "rerun", "from-start"
 MODES = (RERUN, FROM_START)
-PLUGIN_NAME = "tfmem-explain"
 RERUN_LABEL = "memory-by-line table"  # what a re-run gives this feature, as the report names it
 SECTION_KEY = "explain"  # in ``TestRecord.extra`` and the trace's ``summary.json``
 TF_SECTION = "memory at the peak by TensorFlow op"
@@ -126,8 +119,6 @@ EXPLAIN_TOP = settings.Option(
     "explain_top", "rows per allocator in the TensorFlow op table (default 10)", settings.parse_positive_int, 10
 )
 EXPLAIN_OPTIONS = [EXPLAIN, EXPLAIN_MODE, EXPLAIN_FUNCTIONS, EXPLAIN_TOP]
-settings.MARKER_KEYWORDS["explain"] = parse_marker_explain
-settings.MARKER_KEYWORDS["explain_mode"] = parse_mode
 
 
 @dataclass(frozen=True)
@@ -168,8 +159,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, EXPLAIN_OPTIONS)
 
 
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"explain": parse_marker_explain, "explain_mode": parse_mode}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(ExplainPlugin(config), PLUGIN_NAME)
+    config.pluginmanager.register(ExplainPlugin(config), "tfmem-explain")
 
 
 def traced_functions(item: pytest.Function, names: tuple[str, ...]) -> tuple[dict[CodeType, str], list[str]]:
@@ -220,10 +215,6 @@ class ExplainPlugin:
         if run.profiler is not None:
             run.profiler.stop()
 
-    def _trace_profiles_own_run(self, item: pytest.Item) -> bool:
-        trace = self.config.pluginmanager.get_plugin(TRACE_PLUGIN)
-        return trace is not None and trace.mode_for(item) == TRACE_ALWAYS
-
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         """``from-start``: trace the test's own run (the profiler too, unless the trace feature does)."""
@@ -232,7 +223,8 @@ class ExplainPlugin:
             return (yield)
         assert isinstance(item, pytest.Function)
         try:
-            run = self._start(item, request, FROM_START, profile=not self._trace_profiles_own_run(item))
+            profiled = any(self.config.hook.pytest_tfmem_profiles(item=item, rerun=None))
+            run = self._start(item, request, FROM_START, profile=not profiled)
         except Exception as error:  # the test runs anyway, untraced
             item.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
             return (yield)
@@ -253,7 +245,8 @@ class ExplainPlugin:
         if request is None or RERUN_LABEL not in rerun.wanted_by:
             return (yield)
         assert isinstance(item, pytest.Function)
-        run = self._start(item, request, RERUN, profile=TRACE_RERUN_LABEL not in rerun.wanted_by)
+        profiled = any(self.config.hook.pytest_tfmem_profiles(item=item, rerun=rerun))
+        run = self._start(item, request, RERUN, profile=not profiled)
         try:
             yield
         finally:
@@ -270,7 +263,7 @@ class ExplainPlugin:
 
     def explain(self, item: pytest.Item, request: ExplainRequest, record: TestRecord, run: TracedRun) -> None:
         """Read the failed test's traced run (its TF trace too) and publish the explanation."""
-        trace = item.stash.get(TRACE, None)
+        trace = record.extra.get("trace")  # what the trace feature left, if it traced the test
         trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
         if trace and trace_files:
             source = "the test's TensorBoard trace (" + (
@@ -285,27 +278,21 @@ class ExplainPlugin:
         lines = run.tracer.results()
         _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outer: after the core's ``tfmem`` section
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """A test traced from the start that failed a tfmem check is explained before its call
-        report is made (by then every feature has finished with the test's own run)."""
-        own_run = item.stash.get(OWN_RUN, None) if call.when == "call" else None
+    @pytest.hookimpl(tryfirst=True)  # above the trace's section
+    def pytest_tfmem_report_sections(self, item: pytest.Item, record: TestRecord) -> list[tuple[str, str]] | None:
+        """A test traced from the start that failed a tfmem check is explained now: every
+        feature has finished with the test's own run."""
+        own_run = item.stash.get(OWN_RUN, None)
         if own_run is not None:
             del item.stash[OWN_RUN]
-            request, record = self.request_for(item), item.stash.get(core.RECORD, None)
-            if request is not None and record is not None and record.failed_verdicts:
+            request = self.request_for(item)
+            if request is not None and record.failed_verdicts:
                 try:
                     self.explain(item, request, record, own_run)
                 except Exception as error:  # explaining must never hide the test's own failure
                     item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
             _remove_capture(own_run.profiler)
-        report = yield
-        if call.when == "call":
-            explained = item.stash.get(SECTIONS, [])
-            report.sections.extend(explained)
-        return report
+        return item.stash.get(SECTIONS, None)
 
 
 def _tensorflow_peaks(files: list[Path], top: int, notes: list[str]) -> list[AllocatorPeak]:
@@ -388,8 +375,7 @@ def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], lines:
         except (OSError, ValueError) as error:
             data["notes"].append(f"not added to the trace's summary.json: {error}")
     record.extra[SECTION_KEY] = data
-    fresh = record.user_properties()[0]
-    item.user_properties[:] = [fresh if name == PROPERTY else (name, value) for name, value in item.user_properties]
+    publish(item, record)
     item.stash[SECTIONS] = sections(item.nodeid, data, lines, allocators)
 
 

@@ -20,29 +20,27 @@ the file and the problem.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.atomic import write_text_atomic
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.gates.environment import current_environment
 
-FORMAT = "pytest-tfmem-baseline"
-VERSION = 1
 
-
-class BaselineError(Exception):
+class BaselineError(FileFormatError):
     """A baseline file that cannot be used; the message names the file and the problem."""
 
-    def __init__(self, path: str | Path, problem: str) -> None:
-        super().__init__(f"baseline file {str(path)!r}: {problem}")
-        self.path = str(path)
-        self.problem = problem
+    what = "baseline"
+
+
+FORMAT = VersionedJson(
+    "pytest-tfmem-baseline", 1, how_to_make="create one with --tfmem-save-baseline=PATH", error=BaselineError
+)
 
 
 def compared_quantities(measurement: Measurement) -> dict[str, int]:
@@ -116,9 +114,8 @@ class Baseline:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's contents, less the format's name and version."""
         return {
-            "format": FORMAT,
-            "version": VERSION,
             "saved": self.saved,
             "environment": self.environment,
             "tests": {nodeid: entry.to_dict() for nodeid, entry in self.tests.items()},
@@ -127,7 +124,7 @@ class Baseline:
 
 def save_baseline(baseline: Baseline, path: str | Path) -> None:
     """Write ``baseline`` to ``path`` atomically: on any failure the old file stays intact."""
-    write_text_atomic(path, json.dumps(baseline.to_dict(), indent=2, sort_keys=True) + "\n")
+    FORMAT.write(path, baseline.to_dict())
 
 
 def load_baseline(path: str | Path, *, missing_ok: bool = False) -> Baseline:
@@ -136,34 +133,9 @@ def load_baseline(path: str | Path, *, missing_ok: bool = False) -> Baseline:
     Raises ``BaselineError`` for a missing (unless allowed), unreadable, empty, corrupt or
     wrong-version file, naming the file and the problem.
     """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if missing_ok:
-            return Baseline()
-        raise BaselineError(path, "no such file (create one with --tfmem-save-baseline=PATH)") from None
-    except UnicodeDecodeError:
-        raise BaselineError(path, "not a text file (it is not UTF-8): not a pytest-tfmem baseline") from None
-    except OSError as error:
-        raise BaselineError(path, f"cannot be read ({error.strerror or error})") from None
-    return parse_baseline(text, path)
-
-
-def parse_baseline(text: str, path: str | Path) -> Baseline:
-    """Validate the text of a baseline file (see the module docstring for the format)."""
-    if not text.strip():
-        raise BaselineError(path, "the file is empty: not a pytest-tfmem baseline")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise BaselineError(path, f"not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise BaselineError(path, f'not a pytest-tfmem baseline (expected a JSON object with "format": "{FORMAT}")')
-    version = data.get("version")
-    if version != VERSION:
-        raise BaselineError(
-            path, f"baseline format version {version!r} is not supported (this pytest-tfmem reads version {VERSION})"
-        )
+    data = FORMAT.read(path, missing_ok=missing_ok)
+    if data is None:
+        return Baseline()
     tests = data.get("tests")
     if not isinstance(tests, dict):
         raise BaselineError(path, '"tests" must be an object keyed by test node id')

@@ -10,15 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_tfmem import __version__, errors
-from pytest_tfmem.atomic import write_text_atomic
-from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem import __version__
+from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
@@ -41,31 +42,20 @@ from pytest_tfmem.gates.reports import (
     write_report,
 )
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
-from pytest_tfmem.isolate.child import IN_CHILD
 
-PLUGIN_NAME = "tfmem-gates"
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 # A run that ended like this says nothing reliable about memory: the baseline is left alone.
 _NOT_SAVED_AFTER = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR}
 
-errors.FAILURE_BY_CHECK["baseline"] = errors.MemoryRegression
-settings.MARKER_KEYWORDS["tolerance"] = parse_tolerance
-
-
-def parse_path(value: object, what: str) -> str:
-    text = str(value).strip()
-    if not text:
-        raise ValueError(f"invalid {what} {value!r}: expected a file path")
-    return text
-
-
 BASELINE = settings.Option(
-    "baseline", "compare each test's peak with this baseline file; a test grown beyond tolerance fails", parse_path
+    "baseline",
+    "compare each test's peak with this baseline file; a test grown beyond tolerance fails",
+    settings.parse_path,
 )
 SAVE_BASELINE = settings.Option(
     "save_baseline",
     "save each passed test's peak into this baseline file (merged into it if it exists; written atomically)",
-    parse_path,
+    settings.parse_path,
 )
 BASELINE_PRUNE = settings.Option(
     "baseline_prune",
@@ -80,8 +70,8 @@ TOLERANCE = settings.Option(
     parse_tolerance,
     parse_tolerance(DEFAULT_TOLERANCE),
 )
-REPORT = settings.Option("report", "write a JSON report of every measured test to this file", parse_path)
-MARKDOWN = settings.Option("markdown", "write a Markdown summary to this file", parse_path)
+REPORT = settings.Option("report", "write a JSON report of every measured test to this file", settings.parse_path)
+MARKDOWN = settings.Option("markdown", "write a Markdown summary to this file", settings.parse_path)
 GITHUB_SUMMARY = settings.Option(
     "github_summary",
     f"append the Markdown summary to the file named by ${STEP_SUMMARY} (GitHub Actions' job page); "
@@ -97,17 +87,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, OPTIONS)
 
 
-@pytest.hookimpl(trylast=True)  # after the core registered its manager
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"tolerance": parse_tolerance}
+
+
+@pytest.hookimpl(trylast=True)  # registered after the core's manager: its summary comes before the manager's
 def pytest_configure(config: pytest.Config) -> None:
-    gates = CiGates(config)
-    config.pluginmanager.register(gates, PLUGIN_NAME)
-    if gates.active:
-        core.manager(config).measure_every_test = True
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    """An xdist worker or an isolated test's process: only the session's main process writes."""
-    return hasattr(config, "workerinput") or IN_CHILD in config.stash
+    config.pluginmanager.register(CiGates(config), "tfmem-gates")
 
 
 class CiGates:
@@ -118,32 +104,28 @@ class CiGates:
         values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
         self.tolerance: Tolerance = values["tolerance"]
         self.prune: bool = values["baseline_prune"]
-        self.baseline_path = self._path(values["baseline"])
-        self.save_path = self._path(values["save_baseline"])
-        self.report_path = self._path(values["report"])
-        self.markdown_path = self._path(values["markdown"])
+        self.baseline_path: Path | None = values["baseline"]
+        self.save_path: Path | None = values["save_baseline"]
+        self.report_path: Path | None = values["report"]
+        self.markdown_path: Path | None = values["markdown"]
         self.github_summary: bool = values["github_summary"]
         paths = (self.baseline_path, self.save_path, self.report_path, self.markdown_path)
         self.active = self.github_summary or any(p is not None for p in paths)
         self.baseline = self._load(self.baseline_path, missing_ok=False)
         # The file a save merges into: validated now, so a bad one stops the run before any test.
         self.save_into: Baseline | None = None
-        if self.save_path is not None and not _is_worker(config):
+        writer = processes.role(config).writes_session_outputs  # xdist workers judge, they do not write
+        if self.save_path is not None and writer:
             same = self.save_path == self.baseline_path
             self.save_into = self.baseline if same else self._load(self.save_path, missing_ok=True)
         self.environment_notes: list[str] = []
-        if self.baseline is not None and not _is_worker(config):
+        if self.baseline is not None and writer:
             differences = environment_differences(self.baseline.environment, current_environment())
             if differences:
                 self.environment_notes.append(
                     "the baseline was recorded in a different environment: " + "; ".join(differences)
                 )
         self.outcome_lines: list[tuple[str, dict[str, bool]]] = []  # for the terminal summary
-
-    def _path(self, value: str | None) -> Path | None:
-        if value is None:
-            return None
-        return (self.config.invocation_params.dir / value).absolute()
 
     def _load(self, path: Path | None, *, missing_ok: bool) -> Baseline | None:
         if path is None:
@@ -157,6 +139,9 @@ class CiGates:
                     " (--tfmem-save-baseline merges into an existing file: fix or remove it; it was left unchanged)"
                 )
             raise pytest.UsageError(f"pytest-tfmem: {error}{advice}") from None
+
+    def pytest_tfmem_measure_all(self) -> bool:
+        return self.active
 
     @pytest.hookimpl
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
@@ -173,7 +158,7 @@ class CiGates:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if _is_worker(self.config):
+        if not processes.role(self.config).writes_session_outputs:
             return
         records = core.manager(self.config).records
         if self.save_path is not None:

@@ -18,16 +18,15 @@ The JSON report is a contract; its schema (documented in the README) is::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.atomic import write_text_atomic
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import summary_rows
+from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
@@ -38,15 +37,16 @@ from pytest_tfmem.gates.compare import (
 )
 from pytest_tfmem.units import format_size
 
-FORMAT = "pytest-tfmem-report"
-VERSION = 1
 
-
-class ReportError(Exception):
+class ReportError(FileFormatError):
     """A report file that cannot be used; the message names the file and the problem."""
 
-    def __init__(self, path: str | Path, problem: str) -> None:
-        super().__init__(f"report file {str(path)!r}: {problem}")
+    what = "report"
+
+
+FORMAT = VersionedJson(
+    "pytest-tfmem-report", 1, how_to_make="write one with pytest --tfmem-report=PATH", error=ReportError
+)
 
 
 @dataclass
@@ -61,9 +61,8 @@ class SessionReport:
     version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The file's contents, less the format's name and version."""
         return {
-            "format": FORMAT,
-            "version": VERSION,
             "created": self.created,
             "pytest_tfmem": self.version,
             "exitstatus": self.exitstatus,
@@ -94,33 +93,13 @@ def summary_counts(records: Sequence[TestRecord]) -> dict[str, int]:
 
 
 def write_report(report: SessionReport, path: str | Path) -> None:
-    write_text_atomic(path, json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
+    FORMAT.write(path, report.to_dict())
 
 
 def load_report(path: str | Path) -> SessionReport:
     """Read and validate a JSON report; raises ``ReportError`` naming the file and the problem."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReportError(path, "no such file (write one with pytest --tfmem-report=PATH)") from None
-    except UnicodeDecodeError:
-        raise ReportError(path, "not a text file (it is not UTF-8): not a pytest-tfmem report") from None
-    except OSError as error:
-        raise ReportError(path, f"cannot be read ({error.strerror or error})") from None
-    if not text.strip():
-        raise ReportError(path, "the file is empty: not a pytest-tfmem report")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ReportError(path, f"not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ReportError(path, f'not a pytest-tfmem report (expected a JSON object with "format": "{FORMAT}")')
-    if data.get("version") != VERSION:
-        raise ReportError(
-            path,
-            f"report format version {data.get('version')!r} is not supported "
-            f"(this pytest-tfmem reads version {VERSION})",
-        )
+    data = FORMAT.read(path)
+    assert data is not None  # a missing report is an error
     tests = data.get("tests")
     if not isinstance(tests, list):
         raise ReportError(path, '"tests" must be a list of test records')

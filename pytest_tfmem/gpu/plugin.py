@@ -29,26 +29,22 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, oom, settings
-from pytest_tfmem.core.measure import TRACKER_PROVIDERS, Measurement, PeakTracker
-from pytest_tfmem.core.record import TestRecord, republish
+from pytest_tfmem.core.measure import Measurement, PeakTracker
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.verdict import Verdict, view_label
-from pytest_tfmem.errors import FAILURE_BY_CHECK, DeviceOutOfMemory, GpuBudgetExceeded
+from pytest_tfmem.errors import DeviceOutOfMemory
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-PLUGIN_NAME = "tfmem-gpu"
 GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
 CHECK = "gpu_budget"
 EXTRA = "gpu"  # the record's section: NVML devices and problems
+APPLIED_LIMIT = pytest.StashKey[int]()  # the GPU limit TensorFlow accepted
 
 
 class TfmemDeviceWarning(pytest.PytestWarning):
     """A device setting (GPU memory limit, memory growth) could not be applied."""
-
-
-FAILURE_BY_CHECK[CHECK] = GpuBudgetExceeded
-settings.MARKER_KEYWORDS["gpu_budget"] = settings.parse_optional_size
 
 
 def parse_interval(value: object, what: str) -> float:
@@ -93,12 +89,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, OPTIONS)
 
 
-@pytest.hookimpl(trylast=True)  # after the core registered its manager
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"gpu_budget": settings.parse_optional_size}
+
+
+@pytest.hookimpl(trylast=True)  # registered after the other features: its test-call wrapper is outermost
 def pytest_configure(config: pytest.Config) -> None:
-    devices = TfmemGpu(config)
-    config.pluginmanager.register(devices, PLUGIN_NAME)
-    if devices.budget is not None or devices.limit is not None:
-        core.manager(config).measure_every_test = True
+    config.pluginmanager.register(TfmemGpu(config), "tfmem-gpu")
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -109,8 +106,7 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
     tf = tf_probe.loaded_tensorflow()
     if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
         return None
-    devices = item.config.pluginmanager.get_plugin(PLUGIN_NAME)
-    limit = devices.applied_limit if isinstance(devices, TfmemGpu) else None
+    limit = item.config.stash.get(APPLIED_LIMIT, None)
     found = oom.parse_oom(_tf_message(error))
     record.extra[oom.CHECK] = oom.record_section(found, limit)
     return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, None))
@@ -118,11 +114,18 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
 
 def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
     """``(view, increase)`` a GPU budget reads: TF's GPU allocators, else NVML's per-GPU views."""
-    for prefix in ("tf:GPU", "nvml:"):
-        views = [(v.view, v.increase) for v in measurement.views if v.view.startswith(prefix)]
-        if views:
-            return views
-    return []
+    return [(v.view, v.increase) for v in measurement.gpu_views()]
+
+
+def sampling_note(measurement: Measurement) -> str:
+    """How often NVML was read, where the GPU figure rests on it (NVML keeps no peak)."""
+    intervals = {v.sampled_every_s for v in measurement.gpu_views() if v.sampled_every_s is not None}
+    if not intervals:
+        return ""
+    interval = max(intervals)
+    if interval == 0:
+        return "NVML read at the test's start and end only: a peak in between is not seen"
+    return f"NVML sampled every {interval * 1000:g} ms: a shorter peak can be missed"
 
 
 def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | None:
@@ -137,7 +140,8 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     relation = ">" if peak > budget else "<="
     labels = ", ".join(f"{view_label(name)} {format_size(increase)}" for name, increase in views)
     message = f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})"
-    return Verdict(CHECK, peak <= budget, message)
+    note = sampling_note(measurement)
+    return Verdict(CHECK, peak <= budget, f"{message}; {note}" if note else message)
 
 
 # -- TensorFlow's device set-up ------------------------------------------------------------
@@ -231,7 +235,6 @@ class TfmemGpu:
         self.budget: int | None = values["gpu_budget"]
         self.limit: int | None = values["gpu_limit"]
         self.interval: float = values["nvml_interval"]
-        self.applied_limit: int | None = None
         # GPU settings only when a GPU option asks for them: otherwise the environment is left alone.
         self.options_given = gpu_options_given(config)
         wants_growth = bool(self.options_given) and values["gpu_memory_growth"]
@@ -242,7 +245,6 @@ class TfmemGpu:
         self.nvml_note = ""
         self._nvml_trackers: list[PeakTracker] | None = None
         self._sampler: NvmlSampler | None = None
-        TRACKER_PROVIDERS.append(self.nvml_trackers)
 
     # -- NVML ----------------------------------------------------------------------------
     def nvml_trackers(self) -> list[PeakTracker]:
@@ -250,6 +252,8 @@ class TfmemGpu:
         if self._nvml_trackers is None:
             self.nvml, self.nvml_note = Nvml.open()
             sources = process_sources(self.nvml) if self.nvml is not None else []
+            for source in sources:
+                source.sampled_every_s = self.interval
             self._nvml_trackers = [PeakTracker(source) for source in sources]
             if sources and self.interval > 0:
                 self._sampler = NvmlSampler(sources, self.interval).start()
@@ -269,6 +273,12 @@ class TfmemGpu:
         return section
 
     # -- hooks ---------------------------------------------------------------------------
+    def pytest_tfmem_measure_all(self) -> bool:
+        return self.budget is not None or self.limit is not None
+
+    def pytest_tfmem_trackers(self) -> list[PeakTracker]:
+        return self.nvml_trackers()
+
     def pytest_report_header(self) -> list[str]:
         if not self.set_growth:
             return []
@@ -287,7 +297,7 @@ class TfmemGpu:
             if problem:
                 problems.append(problem)
             else:
-                self.applied_limit = self.limit
+                config.stash[APPLIED_LIMIT] = self.limit
         if self.growth_too_late and tf.config.list_physical_devices("GPU"):
             problems.append(
                 f"GPU memory growth not turned on: TensorFlow had initialised its GPUs before pytest-tfmem "
@@ -303,6 +313,8 @@ class TfmemGpu:
         section = self._nvml_section()
         if budget is not None and not gpu_views(record.measurement):
             section["unchecked_gpu_budget"] = budget
+        elif budget is not None:
+            record.gpu_budget = budget
         if section:
             record.extra[EXTRA] = section
         return check_gpu_budget(record.measurement, budget)
@@ -319,9 +331,10 @@ class TfmemGpu:
             if record is None or verdict is None:
                 raise
             trace = record.extra.get("trace", {}).get("shown_directory")
-            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, self.applied_limit, trace)
+            limit = self.config.stash.get(APPLIED_LIMIT, None)
+            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, limit, trace)
             record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
-            republish(item, record)
+            publish(item, record)
             failure = DeviceOutOfMemory(message)
             failure.tf_error = error  # the message already quotes it: no chained traceback
             raise failure from None
@@ -349,7 +362,5 @@ class TfmemGpu:
             self._sampler.stop()
         if self.nvml is not None:
             self.nvml.close()
-        if self.nvml_trackers in TRACKER_PROVIDERS:
-            TRACKER_PROVIDERS.remove(self.nvml_trackers)
         if self.set_growth:
             os.environ.pop(GROWTH_VARIABLE, None)

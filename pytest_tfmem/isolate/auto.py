@@ -11,6 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_tfmem.journal.reader import (
+    NotAJournal,
+    clock,
+    read_last_session,
+    session_died,
+    session_end,
+    unfinished_tests,
+)
 from pytest_tfmem.units import format_size
 
 AUTO = "auto"
@@ -18,32 +26,24 @@ AUTO = "auto"
 
 def tests_to_isolate(journal: Path) -> tuple[dict[str, str], str]:
     """The tests to isolate (node id -> why), and a line on what the journal said."""
-    # Imported here: importing the journal's plugin module before pytest registers it (after
-    # this feature's) would keep pytest from rewriting its asserts, and pytest warns about that.
-    from pytest_tfmem.journal.reader import NotAJournal, clock, read_last_session
-
     try:
-        last = read_last_session(journal)
+        header, entries = read_last_session(journal)
     except OSError:
         return {}, f"no journal at {journal} yet: nothing to isolate"
     except NotAJournal as error:
         return {}, f"{error}: nothing to isolate"
-    header = last.header
     session = f"the session started {clock(header['started'])} (pid {header['pid']})"
+    died = session_died(header, entries)
     reasons: dict[str, str] = {}
-    if last.died:
-        for key, start in last.running.items():
-            reading = last.readings.get(key)
+    if died:
+        for start, reading in unfinished_tests(entries).values():
             rss = f", its process tree at {format_size(reading['rss'])}" if reading else ""
             reasons[start["nodeid"]] = f"running when {session} died{rss}"
-    for entry in last.finished:
+    for entry in entries:
+        if entry.get("event") != "finish":
+            continue
         isolated = ((entry.get("record") or {}).get("extra") or {}).get("isolated") or {}
         if isolated.get("death"):
             reasons[entry["nodeid"]] = f"its isolated process was {isolated['death']} in {session}"
-    if last.died:
-        state = "died"
-    elif last.alive:
-        state = "is still running"
-    else:
-        state = "finished"
+    state = "died" if died else "finished" if session_end(entries) is not None else "is still running"
     return reasons, f"{session} {state}; {len(reasons)} test(s) to isolate (journal {journal})"

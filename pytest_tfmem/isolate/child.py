@@ -12,7 +12,7 @@ as it happens, so the parent knows how far the test got even when the child is k
 ``report`` (each test report, serialised by pytest's own hook), ``call`` and ``call_end``
 (RSS when the test body starts, the process's peak RSS when it ends), ``warning``,
 ``collect_error``, ``not_collected`` and ``finished``. Other tfmem plugins tell an isolated
-test's process by ``IN_CHILD`` in ``config.stash``: session-wide outputs are the parent's.
+test's process by its role (``core.processes``): session-wide outputs are the parent's.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import settings
+from pytest_tfmem.core import processes, settings
 from pytest_tfmem.probes import host
 
-IN_CHILD = pytest.StashKey["ChildSpec"]()
 _PR_SET_PDEATHSIG = 1
 
 # Options set in the child whatever the session's command line says (when the option exists).
@@ -66,7 +65,7 @@ class ChildSpec:
     events: str  # JSON-lines file the child writes its events to
     basetemp: str  # the child's own --basetemp, inside the parent's
     parent_pid: int  # the child dies with this process
-    trace_session: str | None = None  # the parent's trace session directory name, when it may trace
+    session: dict[str, Any]  # the session the parent serves (``processes.Session.to_dict()``)
     output: str | None = None  # where a forked child writes its output (a spawned one's goes through its pipe)
 
     def write(self, path: Path) -> None:
@@ -147,7 +146,7 @@ class ChildRun:
             # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
             # start of the test body: the process's exact peak over the body. (Not ru_maxrss:
             # it starts from the parent's size, copied at fork, and no reset lowers it.)
-            peak = host._read_status_kib("VmHWM")["VmHWM"]
+            peak = host.high_water_mark() or 0
             self._write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -175,9 +174,9 @@ class ChildRun:
 
 
 def single_test_options(config: pytest.Config, spec: ChildSpec) -> None:
-    """Mark the process as an isolated test's (``IN_CHILD``) and switch off what makes no
-    sense for one test in a child; before ``pytest_configure``, so every plugin sees it."""
-    config.stash[IN_CHILD] = spec
+    """Make the process an isolated test's (``processes.enter_child``) and switch off what
+    makes no sense for one test in a child; before ``pytest_configure``, so every plugin sees it."""
+    processes.enter_child(config, spec.session)
     for name, value in _SINGLE_TEST_OPTIONS.items():
         if hasattr(config.option, name):
             setattr(config.option, name, value)
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run the imported module's main, not this copy's: run as ``-m``, this file is
-    # ``__main__``, and its ``IN_CHILD`` key would not be the one the plugins look for.
+    # ``__main__``, a second copy of the module whose objects the plugins do not import.
     from pytest_tfmem.isolate.child import main as child_main
 
     sys.exit(child_main())

@@ -49,14 +49,14 @@ class TemplateFailed(Exception):
 class Template:
     """The session's side of a running template."""
 
-    def __init__(self, workdir: Path, spec_args: list[str], cwd: Path, trace_session: str | None) -> None:
+    def __init__(self, workdir: Path, spec_args: list[str], cwd: Path, session: dict[str, Any]) -> None:
         ours, theirs = socket.socketpair()
         spec = TemplateSpec(
             args=spec_args,
             basetemp=str(workdir / "basetemp"),
             parent_pid=os.getpid(),
             channel_fd=theirs.fileno(),
-            trace_session=trace_session,
+            session=session,
             preimport=[name for name in PREIMPORTED if name in sys.modules],
         )
         spec.write(workdir / "template.json")
@@ -150,11 +150,11 @@ class ForkedChild:
 class Launcher:
     """Starts isolated tests' processes: forks of a template, or fresh interpreters."""
 
-    def __init__(self, method: str, args: list[str], cwd: Path, trace_session: str | None) -> None:
+    def __init__(self, method: str, args: list[str], cwd: Path, session: dict[str, Any]) -> None:
         self.method = method if hasattr(os, "fork") else SPAWN
         self.args = args
         self.cwd = cwd
-        self.trace_session = trace_session
+        self.session = session  # the session the isolated tests serve (``processes.Session``)
         self.template: Template | None = None
         self.fallback: str | None = None  # why tests are spawned although fork was asked for
         if method == FORK and self.method == SPAWN:
@@ -169,7 +169,7 @@ class Launcher:
         if self.method == FORK:
             try:
                 if self.template is None or not self.template.alive:
-                    self.template = Template(template_dir, self.args, self.cwd, self.trace_session)
+                    self.template = Template(template_dir, self.args, self.cwd, self.session)
                     self.template.wait_ready()
                 return self.template.fork(replace(spec, output=str(output)))
             except TemplateFailed as error:

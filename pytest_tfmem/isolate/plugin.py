@@ -17,21 +17,23 @@ import os
 import signal
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.errors import FAILURE_BY_CHECK, IsolatedTestDied, KilledAtLimit, KilledBySignal
+from pytest_tfmem.errors import failure_for
 from pytest_tfmem.isolate.auto import AUTO, tests_to_isolate
-from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, read_events
+from pytest_tfmem.isolate.child import ChildSpec, read_events
 from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
 from pytest_tfmem.isolate.results import (
+    PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
     complete,
     death_message,
@@ -43,11 +45,9 @@ from pytest_tfmem.isolate.results import (
 )
 from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
 from pytest_tfmem.probes import system
-from pytest_tfmem.trace.plugin import PLUGIN_NAME as TRACE_PLUGIN
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-PLUGIN_NAME = "tfmem-isolation"
-JOURNAL_PLUGIN = "tfmem-journal"  # the journal plugin's name (it registers after this one)
+JOURNAL_PLUGIN = "tfmem-journal"  # the journal's plugin (registered after this one)
 _AUTO_KEY = "tfmem_isolate_auto"
 WATCH_INTERVAL_S = 0.02
 OUTPUT_LINES = 30
@@ -72,11 +72,6 @@ ISOLATE_START = settings.Option(
     parse_start,
     FORK,
 )
-settings.MARKER_KEYWORDS["isolate"] = settings.parse_bool
-settings.MARKER_KEYWORDS["kill_at"] = settings.parse_optional_size
-
-
-FAILURE_BY_CHECK.update({"kill_at": KilledAtLimit, "signal": KilledBySignal, "died": IsolatedTestDied})
 
 
 class MemoryLimitWarning(pytest.PytestWarning):
@@ -115,12 +110,17 @@ def read_isolate(config: pytest.Config) -> bool | str:
         raise pytest.UsageError(f"{error}; or {AUTO}") from None
 
 
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"isolate": settings.parse_bool, "kill_at": settings.parse_optional_size}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if IN_CHILD in config.stash:
+    role = processes.role(config)
+    if role is processes.Role.CHILD:
         return
     isolation = TfmemIsolation(config)
-    config.pluginmanager.register(isolation, PLUGIN_NAME)
-    if not hasattr(config, "workerinput"):
+    config.pluginmanager.register(isolation, "tfmem-isolation")
+    if role.writes_session_outputs:
         isolation.warn_about_global_limits()
 
 
@@ -148,6 +148,11 @@ class TfmemIsolation:
         self._fallback_told = False
 
     # -- policy and warnings --------------------------------------------------------------
+
+    def pytest_tfmem_measure_all(self) -> bool:
+        """Isolated by an option, every test is measured, each in its own process; with
+        ``auto``, every test is measured so that the journal follows each one."""
+        return self.isolate or self.kill_at is not None or self.auto
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
@@ -236,14 +241,14 @@ class TfmemIsolation:
         if call.excinfo is not None:
             item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
 
-    def _launcher(self, item: pytest.Item) -> Launcher:
+    def _launcher(self) -> Launcher:
         if self.launcher is None:
             self._template_dir = self._workdir("tfmem-template")
             self.launcher = Launcher(
                 self.start_method,
                 list(self.config.invocation_params.args),
                 self.config.invocation_params.dir,
-                _trace_session(self.config, None),
+                processes.session(self.config).to_dict(),
             )
         return self.launcher
 
@@ -286,9 +291,9 @@ class TfmemIsolation:
             events=str(workdir / "events.jsonl"),
             basetemp=str(workdir / "basetemp"),
             parent_pid=os.getpid(),
-            trace_session=_trace_session(self.config, item),
+            session=processes.session(self.config).to_dict(),
         )
-        process = self._launcher(item).start(spec, workdir, self._template_dir)
+        process = self._launcher().start(spec, workdir, self._template_dir)
         self._tell_fallback()
         result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
         events = read_events(Path(spec.events))
@@ -341,15 +346,15 @@ class TfmemIsolation:
             verdicts=[Verdict(check, False, message)],
             extra={"isolated": isolated},
         )
-        failure = FAILURE_BY_CHECK[check](message)
+        failure = failure_for(check, message)
 
         def raise_failure() -> None:
             raise failure
 
         _evaluate_xfail(item)
         item.stash[core.RECORD] = record  # the core adds its section to the call report
-        item.user_properties.extend(record.user_properties())  # reports made from the item carry it
-        item.user_properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
+        publish(item, record)  # reports made from the item carry it
+        item.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
         report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))
         report.duration = result.elapsed_s  # the child's whole run: the phase's own share is unknown
         if output:
@@ -385,15 +390,6 @@ class TfmemIsolation:
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
         for line in render_table(isolated_rows(self.isolated_records)):
             terminalreporter.write_line(line)
-
-
-def _trace_session(config: pytest.Config, item: pytest.Item | None) -> str | None:
-    """Where the child writes a trace of the test: this session's trace directory (if it may
-    trace; for the template, which serves every test, the directory's name)."""
-    tracing = config.pluginmanager.get_plugin(TRACE_PLUGIN)
-    if tracing is None:
-        return None
-    return tracing.session_name if item is None else tracing.session_for_child(item)
 
 
 def _evaluate_xfail(item: pytest.Item) -> None:

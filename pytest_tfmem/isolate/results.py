@@ -7,7 +7,6 @@ warnings issued again here, and the rows of the terminal's table of isolated tes
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -16,10 +15,12 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core.measure import Measurement, ViewReading
-from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
+from pytest_tfmem.core.record import TestRecord, publish, published_record, record_from_report
 from pytest_tfmem.isolate.watchdog import WatchResult, describe_signal, downsample
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.units import format_size
+
+PROCESS_PEAK_PROPERTY = "tfmem_isolated_process_peak_bytes"  # beside the record, for JUnit XML
 
 
 def isolated_rows(records: list[TestRecord]) -> list[list[str]]:
@@ -91,16 +92,11 @@ def isolated_section(
 def add_isolated_numbers(report: pytest.TestReport, isolated: dict[str, Any]) -> None:
     """Add the isolated run's numbers to the record the child attached to a report (the
     call and teardown reports carry it), and a section to the call report."""
-    properties: list[tuple[str, object]] = []
-    for name, value in report.user_properties:
-        if name == PROPERTY and isinstance(value, str):
-            data = json.loads(value)
-            data["extra"]["isolated"] = isolated
-            value = json.dumps(data, sort_keys=True)
-        properties.append((name, value))
-        if name == PROPERTY:
-            properties.append(("tfmem_isolated_process_peak_bytes", isolated["process_peak"]))
-    report.user_properties = properties
+    record = published_record(report)
+    if record is not None:
+        record.extra["isolated"] = isolated
+        publish(report, record)
+        report.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
     if report.when != "call":
         return
     increase = format_size(isolated["process_peak_increase"])
@@ -175,7 +171,8 @@ def death_message(
         )
         return "kill_at", f"{head}\n{readings}\n{available}"
     if result.signal is not None:
-        return "signal", f"tfmem: the isolated test's process was {describe_signal(result)}\n{readings}\n{available}"
+        described = describe_signal(result.signal, result.oom_kills)
+        return "signal", f"tfmem: the isolated test's process was {described}\n{readings}\n{available}"
     problems = [event["text"] for event in events if event["event"] == "collect_error"]
     if any(event["event"] == "not_collected" for event in events):
         problems.append("the isolated process did not collect this test")

@@ -50,7 +50,7 @@ class TemplateSpec:
     basetemp: str  # the template's own --basetemp (each fork gets a fresh one)
     parent_pid: int  # the template dies with this process
     channel_fd: int  # the socket to the session, inherited
-    trace_session: str | None = None  # the session's trace directory name
+    session: dict[str, Any]  # the session it serves (``processes.Session.to_dict()``)
     preimport: list[str] = field(default_factory=list)  # modules to import before forking
 
     def write(self, path: Path) -> None:
@@ -64,7 +64,7 @@ class TemplateSpec:
         """The template's stand-in for a test's spec: plugins configure as in an isolated test."""
         return ChildSpec(
             args=self.args, nodeid="", target="", events="", basetemp=self.basetemp,
-            parent_pid=self.parent_pid, trace_session=self.trace_session,
+            parent_pid=self.parent_pid, session=self.session,
         )
 
 

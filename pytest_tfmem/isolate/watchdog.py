@@ -1,7 +1,7 @@
 """Watch a child process and its descendants; kill the tree at a hard memory limit.
 
 The watcher samples the tree's resident memory (the child plus every process it started)
-every ``interval_s`` from a thread, while the calling thread waits for the child. With each
+every ``interval_s`` on a ``Sampler``'s thread, while the calling thread waits for the child. With each
 sample it also reads the child's own high-water mark (``VmHWM`` in ``/proc/PID/status``),
 which the kernel keeps exactly, spikes between two samples included. (``ru_maxrss`` from
 ``wait4`` would not do: it starts from the parent's size, copied at fork and kept by exec.)
@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import psutil
 
-from pytest_tfmem.probes import system
-from pytest_tfmem.probes.host import RssSampler
+from pytest_tfmem.probes import host, system
+from pytest_tfmem.probes.sampler import Sampler
 from pytest_tfmem.units import format_size
 
 # How often the list of descendants is refreshed; their memory is read at every sample.
@@ -70,31 +69,20 @@ class WatchResult:
         return lines
 
 
-def describe_signal(result: WatchResult) -> str:
-    """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``."""
-    sig = result.signal
-    assert sig is not None
+def describe_signal(sig: signal.Signals, oom_kills: int | None) -> str:
+    """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``.
+
+    ``oom_kills``: how far the cgroup's ``oom_kill`` count rose while the process ran, if known.
+    """
     cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
-    if sig == signal.SIGKILL and result.oom_kills:
-        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {result.oom_kills})"
-    elif sig == signal.SIGKILL and result.oom_kills == 0:
+    if sig == signal.SIGKILL and oom_kills:
+        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {oom_kills})"
+    elif sig == signal.SIGKILL and oom_kills == 0:
         cause = (
             "SIGKILL is what the kernel's OOM killer sends when memory runs out, but this cgroup's "
             "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"
         )
     return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
-
-
-def read_high_water_mark(pid: int) -> int | None:
-    """A process's peak RSS since it started or last reset it (``VmHWM``), in bytes."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None  # gone, or a zombie (no memory left to describe)
 
 
 def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
@@ -122,7 +110,7 @@ class ProcessTreeRss:
     def __init__(self, pid: int, refresh_s: float = _TREE_REFRESH_S) -> None:
         self.pid = pid
         self.refresh_s = refresh_s
-        self._root = RssSampler(pid=pid)  # used for its read(): this process alone
+        self._root = psutil.Process(pid)
         self.descendants: list[psutil.Process] = []
         self._refreshed = float("-inf")
 
@@ -137,7 +125,7 @@ class ProcessTreeRss:
         """The tree's RSS in bytes; raises ``psutil.Error`` once the root process is gone."""
         if time.monotonic() - self._refreshed >= self.refresh_s:
             self.refresh()
-        rss = self._root.read()
+        rss = self._root.memory_info().rss
         for process in self.descendants:
             if process.pid in TEMPLATE_PIDS:
                 continue
@@ -174,7 +162,7 @@ class Watchdog:
         self._available_read = time.monotonic()
         self._timeline: list[tuple[float, int]] = []
         self._child_peak = 0
-        self._done = threading.Event()
+        self._sampler = Sampler(self._sample, interval_s, "tfmem-watchdog")
         self._t0 = time.monotonic()
 
     def _kill_tree(self) -> None:
@@ -193,37 +181,35 @@ class Watchdog:
             except psutil.Error:
                 pass
 
-    def _watch(self) -> None:
-        while not self._done.is_set():
-            try:
-                rss = self._tree.read()
-            except psutil.Error:  # the child has exited
-                return
-            self._child_peak = max(self._child_peak, read_high_water_mark(self.process.pid) or 0)
-            if time.monotonic() - self._available_read >= _TREE_REFRESH_S:
-                self._available, self._available_read = system.available_memory(), time.monotonic()
-            self._timeline.append((time.monotonic() - self._t0, rss))
-            if self.kill_at is not None and rss >= self.kill_at and not self.killed_at_limit:
-                self.killed_at_limit = True
-                self._kill_tree()
-                return
-            self._done.wait(self.interval_s)
+    def _sample(self) -> bool:
+        """One reading of the tree; ``False`` once there is nothing more to watch."""
+        try:
+            rss = self._tree.read()
+        except psutil.Error:  # the child has exited
+            return False
+        self._child_peak = max(self._child_peak, host.high_water_mark(self.process.pid) or 0)
+        if time.monotonic() - self._available_read >= _TREE_REFRESH_S:
+            self._available, self._available_read = system.available_memory(), time.monotonic()
+        self._timeline.append((time.monotonic() - self._t0, rss))
+        if self.kill_at is not None and rss >= self.kill_at and not self.killed_at_limit:
+            self.killed_at_limit = True
+            self._kill_tree()
+            return False
+        return True
 
     def wait(self) -> WatchResult:
         """Block until the child has ended; reap it and return what was seen."""
         oom_before = system.oom_kill_count()
-        watcher = threading.Thread(target=self._watch, name="tfmem-watchdog", daemon=True)
-        watcher.start()
+        self._sampler.start()
         try:
             self.process.wait()
         except BaseException:  # interrupted (Ctrl-C): the child must not outlive the wait
-            self._done.set()
+            self._sampler.stop()
             self._kill_tree()
             self.process.wait()
             raise
         elapsed = time.monotonic() - self._t0
-        self._done.set()
-        watcher.join()
+        self._sampler.stop()
         returncode = self.process.wait()  # reaped: known
         if returncode < 0:
             self.kill_descendants()

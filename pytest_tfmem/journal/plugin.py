@@ -1,25 +1,14 @@
-"""Crash-safe results: a journal of the session, written while it runs.
+"""Crash-safe results: a journal of the session, written while it runs (``journal.format``).
 
 When the whole pytest process is killed (the OOM killer's SIGKILL, a CI timeout), nothing
 written at the end of the session exists. The journal is appended to as the session goes,
-one JSON object per line:
-
-- ``session``: the first line; the session's id, pid, start time, rootdir and arguments;
-- ``start``: a test began (with the process tree's RSS at that moment);
-- ``reading``: the running test's process tree RSS now and its sampled peak so far, every
-  second, and at once when the peak has grown by 10% (at least 16 MiB) since the last
-  reading written;
-- ``finish``: a test ended: outcome, duration, the failure's first line, its tfmem record;
-- ``end``: the session ended, with its exit status.
-
-Each line is one ``write`` to a file opened for appending, so lines of several processes
-(pytest-xdist workers) never mix, and a kill loses at most the line being written: once
-written, a line is in the kernel's page cache and outlives the process. Against the whole
-machine going down, ``finish`` and ``end`` lines are also synced to disk (``fsync``), at
-most once a second (a sync costs milliseconds; after every test it would slow a suite of
-small tests down). The
-previous session's journal is kept beside it (``results.previous.jsonl``). ``tfmem last``
-reads the journal (``journal_reader.py``).
+one JSON object per line. Each line is one ``write`` to a file opened for appending, so lines
+of several processes (pytest-xdist workers) never mix, and a kill loses at most the line being
+written: once written, a line is in the kernel's page cache and outlives the process. Against
+the whole machine going down, ``finish`` and ``end`` lines are also synced to disk
+(``fsync``), at most once a second (a sync costs milliseconds; after every test it would slow
+a suite of small tests down). The previous session's journal is kept beside it
+(``results.previous.jsonl``). ``tfmem last`` reads the journal (``journal.reader``).
 """
 
 from __future__ import annotations
@@ -38,42 +27,26 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_tfmem import tfmemdir
-from pytest_tfmem.atomic import write_text_atomic
-from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem import files
+from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import record_from_report
-from pytest_tfmem.isolate.child import IN_CHILD
 from pytest_tfmem.isolate.watchdog import ProcessTreeRss
+from pytest_tfmem.journal.format import DEFAULT_PATH, SAMPLE_INTERVAL_S, previous_path
+from pytest_tfmem.probes.sampler import Sampler
 
-PLUGIN_NAME = "tfmem-journal"
-DEFAULT_PATH = Path(tfmemdir.DIRECTORY) / "results.jsonl"
-SAMPLE_INTERVAL_S = 0.1
 SYNC_INTERVAL_S = 1.0
 WRITE_INTERVAL_S = 1.0
 # A sampled peak this much above the last one written is written at once.
 GROWTH_TO_WRITE = 0.10
 GROWTH_TO_WRITE_BYTES = 16 * 2**20
-_SESSION_KEY = "tfmem_session"
-
-
-def parse_path(value: object, what: str) -> str:
-    text = str(value).strip()
-    if not text:
-        raise ValueError(f"invalid {what} {value!r}: expected a file path")
-    return text
 
 
 RESULTS = settings.Option(
     "results",
     "the crash-safe results journal, written as tests run (default .tfmem/results.jsonl in the "
     "rootdir); `tfmem last` reads it",
-    parse_path,
+    settings.parse_path,
 )
-
-
-def previous_path(path: Path) -> Path:
-    """Where the previous session's journal is kept: ``results.previous.jsonl``."""
-    return path.with_name(f"{path.stem}.previous{path.suffix}")
 
 
 @contextmanager
@@ -106,12 +79,12 @@ class JournalFile:
         self._synced = float("-inf")
 
     def open(self) -> None:
-        tfmemdir.make_directory(self.path.parent)
+        files.make_directory(self.path.parent)
         with _directory_lock(self.path.parent):
             if _first_entry(self.path).get("session") != self.header["session"]:
                 if self.path.exists():
                     os.replace(self.path, previous_path(self.path))
-                write_text_atomic(self.path, json.dumps(self.header) + "\n")
+                files.write_text_atomic(self.path, json.dumps(self.header) + "\n")
             self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND)
 
     def append(self, entry: dict[str, Any], *, sync: bool = False) -> None:
@@ -149,15 +122,13 @@ class ReadingsThread:
         self._reader = ProcessTreeRss(os.getpid(), refresh_s=WRITE_INTERVAL_S)
         self._lock = threading.Lock()
         self._running: _RunningTest | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfmem-journal-readings", daemon=True)
+        self._sampler = Sampler(self._sample, SAMPLE_INTERVAL_S, "tfmem-journal-readings")
 
     def start(self) -> None:
-        self._thread.start()
+        self._sampler.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._sampler.stop()
 
     def begin(self, nodeid: str) -> int:
         rss = self._reader.read()
@@ -171,33 +142,32 @@ class ReadingsThread:
             running, self._running = self._running, None
         return running.peak if running else None
 
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_INTERVAL_S):
-            try:
-                rss = self._reader.read()
-            except psutil.Error:
-                continue
-            with self._lock:
-                running = self._running
-                if running is None:
-                    continue
-                running.peak = max(running.peak, rss)
-                now = time.monotonic()
-                grown = running.peak - running.written_peak > max(
-                    GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
-                )
-                if not grown and now - running.written_at < WRITE_INTERVAL_S:
-                    continue
-                running.written_peak, running.written_at = running.peak, now
-                entry = {
-                    "event": "reading",
-                    "worker": self.worker,
-                    "nodeid": running.nodeid,
-                    "elapsed_s": round(now - running.started, 3),
-                    "rss": rss,
-                    "peak": running.peak,
-                }
-            self.journal.append(entry)
+    def _sample(self) -> None:
+        try:
+            rss = self._reader.read()
+        except psutil.Error:
+            return
+        with self._lock:
+            running = self._running
+            if running is None:
+                return
+            running.peak = max(running.peak, rss)
+            now = time.monotonic()
+            grown = running.peak - running.written_peak > max(
+                GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
+            )
+            if not grown and now - running.written_at < WRITE_INTERVAL_S:
+                return
+            running.written_peak, running.written_at = running.peak, now
+            entry = {
+                "event": "reading",
+                "worker": self.worker,
+                "nodeid": running.nodeid,
+                "elapsed_s": round(now - running.started, 3),
+                "rss": rss,
+                "peak": running.peak,
+            }
+        self.journal.append(entry)
 
 
 @dataclass
@@ -229,8 +199,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if IN_CHILD not in config.stash:  # an isolated test's parent keeps the journal
-        config.pluginmanager.register(TfmemJournal(config), PLUGIN_NAME)
+    if processes.role(config) is not processes.Role.CHILD:  # an isolated test's parent keeps the journal
+        config.pluginmanager.register(TfmemJournal(config), "tfmem-journal")
 
 
 class TfmemJournal:
@@ -239,32 +209,13 @@ class TfmemJournal:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         path, self.path_given = settings.read_option(config, RESULTS)
-        # A path on the command line is relative to where pytest was started, like
-        # --junitxml; the ini value and the default are relative to the rootdir.
-        on_command_line = config.getoption(RESULTS.ini, default=None) is not None
-        base = config.invocation_params.dir if on_command_line else config.rootpath
-        self.path = Path(base) / (path or DEFAULT_PATH)
-        workerinput = getattr(config, "workerinput", None)
-        self.worker: str | None = workerinput["workerid"] if workerinput else None
-        if workerinput and _SESSION_KEY in workerinput:
-            self.header = workerinput[_SESSION_KEY]
-        else:
-            process = psutil.Process()
-            self.header = {
-                "event": "session",
-                "session": f"{int(time.time() * 1000):x}-{os.getpid()}",
-                "pid": os.getpid(),
-                "pid_created": process.create_time(),
-                "started": round(time.time(), 3),
-                "rootdir": str(config.rootpath),
-                "args": [str(arg) for arg in config.invocation_params.args],
-            }
+        self.path: Path = path or config.rootpath / DEFAULT_PATH
+        self.worker = processes.worker_id(config)
+        shared = processes.session(config)
+        self.header = {"event": "session", "session": shared.id, **shared.to_dict()}
         self.journal: JournalFile | None = None
         self.readings: ReadingsThread | None = None
         self._outcomes: dict[str, _TestOutcome] = {}
-
-    def _runs_tests(self) -> bool:
-        return not self.config.pluginmanager.has_plugin("dsession")  # not a pytest-xdist controller
 
     def _open(self) -> None:
         journal = JournalFile(self.path, self.header)
@@ -279,20 +230,12 @@ class TfmemJournal:
         self.readings = ReadingsThread(journal, self.worker)
         self.readings.start()
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
-        """pytest-xdist: the workers write into this session's journal."""
-        node.workerinput[_SESSION_KEY] = self.header
-
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        if self.journal is not None or not self._runs_tests():
+        if self.journal is not None or not processes.role(self.config).runs_tests:
             return
         manager = core.manager(self.config)
-        isolation = self.config.pluginmanager.get_plugin("tfmem-isolation")
-        if self.path_given or getattr(isolation, "auto", False) or any(
-            manager.is_measured(item) or (isolation is not None and isolation.policy_for(item)) for item in items
-        ):
+        if self.path_given or any(manager.is_measured(item) for item in items):
             self._open()
 
     @pytest.hookimpl
@@ -333,7 +276,8 @@ class TfmemJournal:
             self.readings.stop()
         if self.journal is not None:
             self.journal.close()
-        if self.worker is None and _first_entry(self.path).get("session") == self.header["session"]:
+        ours = _first_entry(self.path).get("session") == self.header["session"]
+        if processes.role(self.config).writes_session_outputs and ours:
             ending = JournalFile(self.path, self.header)
             ending.open()
             ending.append({"event": "end", "exitstatus": int(exitstatus)}, sync=True)

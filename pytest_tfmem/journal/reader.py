@@ -1,4 +1,4 @@
-"""Reading the results journal (``journal.py``): what ``tfmem last`` prints.
+"""Reading the results journal (``journal.format``): what ``tfmem last`` prints.
 
 The journal's last session is told in full: whether it finished (its ``end`` entry), is
 still running (its pytest process is alive) or stopped without finishing; each test started
@@ -7,15 +7,13 @@ and never finished, with its last memory reading; and the tests that finished.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from pytest_tfmem.journal.plugin import DEFAULT_PATH, SAMPLE_INTERVAL_S
+from pytest_tfmem.journal.format import DEFAULT_PATH, SAMPLE_INTERVAL_S, read_journal
 from pytest_tfmem.units import format_size
 
 EXIT_FINISHED = 0
@@ -30,20 +28,6 @@ def find_results(start: Path | None = None) -> Path | None:
         if (candidate / DEFAULT_PATH).is_file():
             return candidate / DEFAULT_PATH
     return None
-
-
-def read_journal(path: Path) -> list[dict[str, Any]]:
-    """The journal's entries; a line cut short by a kill is skipped."""
-    entries = []
-    with open(path, encoding="utf-8", errors="replace") as journal:
-        for line in journal:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
 
 
 def clock(timestamp: float) -> str:
@@ -70,99 +54,97 @@ def _finished_line(entry: dict[str, Any]) -> str:
     return line
 
 
-@dataclass
-class LastSession:
-    """The journal's last session: its header, its own entries, how it ended, its tests."""
+RunningKey = tuple[str | None, str | None]  # (worker, node id)
 
-    header: dict[str, Any]
-    entries: list[dict[str, Any]]
-    end: dict[str, Any] | None  # its ``end`` entry, if it finished
-    running: dict[tuple[str | None, str | None], dict[str, Any]]  # started, never finished, by (worker, nodeid)
-    readings: dict[tuple[str | None, str | None], dict[str, Any]]  # the last reading of each of those
-    finished: list[dict[str, Any]]
 
-    @property
-    def alive(self) -> bool:
-        return self.end is None and _pid_alive(self.header)
+def unfinished_tests(session: list[dict[str, Any]]) -> dict[RunningKey, tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Tests of one session's entries that started and never finished, by (worker, node id):
+    the ``start`` entry and the last ``reading`` after it (``None`` if none was written)."""
+    started: dict[RunningKey, dict[str, Any]] = {}
+    readings: dict[RunningKey, dict[str, Any]] = {}
+    for entry in session:
+        key = (entry.get("worker"), entry.get("nodeid"))
+        if entry.get("event") == "start":
+            started[key] = entry
+            readings.pop(key, None)
+        elif entry.get("event") == "reading" and key in started:
+            readings[key] = entry
+        elif entry.get("event") == "finish":
+            started.pop(key, None)
+            readings.pop(key, None)
+    return {key: (start, readings.get(key)) for key, start in started.items()}
 
-    @property
-    def died(self) -> bool:
-        """It did not finish and its pytest process is gone (killed, or crashed)."""
-        return self.end is None and not _pid_alive(self.header)
+
+def last_reading_line(start: dict[str, Any], reading: dict[str, Any] | None) -> str:
+    """A running test's last memory reading in the journal, in words."""
+    if reading is None:
+        return f"last reading {format_size(start['rss'])} when it started (process tree RSS)"
+    growth = format_size(reading["rss"] - start["rss"], signed=True)
+    return (
+        f"last reading {format_size(reading['rss'])} ({growth} since the test started) "
+        f"at {reading['elapsed_s']:.1f} s into the test ({clock(reading['time'])}); "
+        f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
+    )
 
 
 class NotAJournal(ValueError):
-    pass
+    """The file is not a pytest-tfmem results journal."""
 
 
-def read_last_session(path: Path) -> LastSession:
-    """The last session of the journal at ``path``; ``OSError`` if it cannot be read,
-    ``NotAJournal`` if it is not a journal."""
+def read_last_session(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The journal's last session: its header and its own entries. Raises ``OSError`` when
+    the file cannot be read, ``NotAJournal`` when it is not a journal."""
     entries = read_journal(path)
     if not entries or entries[0].get("event") != "session":
         raise NotAJournal(f"{path} is not a pytest-tfmem results journal")
     header = entries[0]
-    session = [entry for entry in entries[1:] if entry.get("session") == header.get("session")]
-    running: dict[tuple[str | None, str | None], dict[str, Any]] = {}
-    readings: dict[tuple[str | None, str | None], dict[str, Any]] = {}
-    finished = []
-    for entry in session:
-        key = (entry.get("worker"), entry.get("nodeid"))
-        if entry.get("event") == "start":
-            running[key] = entry
-            readings.pop(key, None)
-        elif entry.get("event") == "reading" and key in running:
-            readings[key] = entry
-        elif entry.get("event") == "finish":
-            running.pop(key, None)
-            readings.pop(key, None)
-            finished.append(entry)
-    end = next((entry for entry in session if entry.get("event") == "end"), None)
-    return LastSession(header, session, end, running, readings, finished)
+    return header, [entry for entry in entries[1:] if entry.get("session") == header.get("session")]
+
+
+def session_end(session: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The session's ``end`` entry, or ``None`` if it did not finish."""
+    return next((entry for entry in session if entry.get("event") == "end"), None)
+
+
+def session_died(header: dict[str, Any], session: list[dict[str, Any]]) -> bool:
+    """It did not finish and its pytest process is gone (killed, or crashed)."""
+    return session_end(session) is None and not _pid_alive(header)
 
 
 def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
     """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
     0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
     try:
-        last_session = read_last_session(path)
+        header, session = read_last_session(path)
     except OSError as error:
         return f"tfmem: no results at {path}: {error.strerror or error}", EXIT_NO_RESULTS
     except NotAJournal as error:
         return f"tfmem: {error}", EXIT_NO_RESULTS
-    header, session, end = last_session.header, last_session.entries, last_session.end
-    started, readings, finished = last_session.running, last_session.readings, last_session.finished
     lines = [f"tfmem: results of the pytest session started {clock(header['started'])} (pid {header['pid']})"]
     lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
+    end = session_end(session)
     if end is not None:
         lines.append(f"  the session finished at {clock(end['time'])}, exit status {end['exitstatus']}")
         code = EXIT_FINISHED
-    elif last_session.alive:
+    elif not session_died(header, session):
         lines.append("  the session is still running")
         code = EXIT_DID_NOT_FINISH
     else:
         lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
         code = EXIT_DID_NOT_FINISH
 
+    unfinished = unfinished_tests(session)
+    finished = [entry for entry in session if entry.get("event") == "finish"]
     last_time = session[-1]["time"] if session else header["started"]
-    if started:
+    if unfinished:
         lines.append("running when the journal ends:" if end is None else "started but never finished:")
-        for key, start in started.items():
-            worker = f" [{key[0]}]" if key[0] else ""
-            reading = readings.get(key)
+        for (worker, _), (start, reading) in unfinished.items():
+            label = f" [{worker}]" if worker else ""
             lines.append(
-                f"  {start['nodeid']}{worker}: started {clock(start['time'])}, "
+                f"  {start['nodeid']}{label}: started {clock(start['time'])}, "
                 f"still running {max(0.0, last_time - start['time']):.1f} s later at the journal's last entry"
             )
-            if reading is not None:
-                growth = format_size(reading["rss"] - start["rss"], signed=True)
-                lines.append(
-                    f"    last reading {format_size(reading['rss'])} ({growth} since the test started) "
-                    f"at {reading['elapsed_s']:.1f} s into the test ({clock(reading['time'])}); "
-                    f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
-                )
-            else:
-                lines.append(f"    last reading {format_size(start['rss'])} when it started (process tree RSS)")
+            lines.append(f"    {last_reading_line(start, reading)}")
     counts: dict[str, int] = {}
     for entry in finished:
         counts[entry.get("outcome", "?")] = counts.get(entry.get("outcome", "?"), 0) + 1

@@ -13,17 +13,18 @@ window (the test's own, ``tfmem.measure()``) still sees the loop's overall peak.
 
 from __future__ import annotations
 
+import functools
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, ParamSpec
 
 from pytest_tfmem.core import measure
 from pytest_tfmem.core.verdict import Verdict, view_label
-from pytest_tfmem.errors import FAILURE_BY_CHECK, TfmemFailure
+from pytest_tfmem.errors import LeakDetected
 from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
 from pytest_tfmem.probes import host
 from pytest_tfmem.units import format_size, parse_size
@@ -33,13 +34,7 @@ DEFAULT_ITERATIONS = 10
 DEFAULT_WARMUP = 3
 DEFAULT_MAX_GROWTH = "1MB"
 _SHOWN_READINGS = 12
-
-
-class LeakDetected(TfmemFailure):
-    """Memory grew per iteration by more than ``max_growth`` in a leak check."""
-
-
-FAILURE_BY_CHECK[CHECK] = LeakDetected
+P = ParamSpec("P")
 
 
 def theil_sen_slope(levels: list[int] | tuple[int, ...]) -> float:
@@ -118,17 +113,10 @@ class LeakReport:
     __str__ = describe
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "iterations": self.iterations,
-            "warmup": self.warmup,
-            "max_growth": self.max_growth,
-            "growth_per_iteration": self.growth_per_iteration,
-            "leaked": self.leaked,
-            "series": {view: list(levels) for view, levels in self.series.items()},
-            "slopes": dict(self.slopes),
-            "diagnosis": self.diagnosis.to_dict(),
-            "duration_s": self.duration_s,
-        }
+        """The fields (the diagnosis's too), with ``growth_per_iteration`` and ``leaked``."""
+        data = asdict(self)
+        data["series"] = {view: list(levels) for view, levels in self.series.items()}
+        return {**data, "growth_per_iteration": self.growth_per_iteration, "leaked": self.leaked}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeakReport:
@@ -159,8 +147,11 @@ def leak_check(
     iterations: int = DEFAULT_ITERATIONS,
     warmup: int = DEFAULT_WARMUP,
     max_growth: int | str = DEFAULT_MAX_GROWTH,
+    *,
+    trackers: Sequence[measure.PeakTracker] = (),
 ) -> LeakReport:
-    """Run ``fn()`` ``warmup`` times, then ``iterations`` measured times; report the growth.
+    """Run ``fn()`` ``warmup`` times, then ``iterations`` measured times; report the growth of
+    every view (host RSS, each TF allocator, and ``trackers``'s: the features' own).
 
     Raises nothing on a leak (see ``assert_no_leak``); exceptions from ``fn`` propagate.
     """
@@ -177,12 +168,12 @@ def leak_check(
     with _objects_alive_now_exempt_from_gc(tracker.record_containers):
         tracker.observe()
         host.release_freed_memory()
-        series = {view: [level] for view, level in current_levels().items()}
+        series = {view: [level] for view, level in current_levels(trackers).items()}
         tracker.ignore(series, *series.values())
         for _ in range(iterations):
             fn()
             host.release_freed_memory()
-            for view, level in current_levels().items():
+            for view, level in current_levels(trackers).items():
                 series.setdefault(view, []).append(level)  # a view that appears late has no baseline
             tracker.observe()
 
@@ -229,24 +220,30 @@ def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iter
         _running_checks -= 1
 
 
-def current_levels() -> dict[str, int]:
-    """Level of every memory view now (host RSS, each TF allocator), from the core probes.
+def current_levels(trackers: Sequence[measure.PeakTracker] = ()) -> dict[str, int]:
+    """Level of every memory view now (host RSS, each TF allocator, ``trackers``'s).
 
     Only current levels are read: no peak is reset, so enclosing windows are undisturbed.
     """
-    return {tracker.source.name: tracker.source.current() for tracker in measure.probes().trackers()}
+    return {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
 
 
-def assert_no_leak(
-    fn: Callable[[], object],
-    iterations: int = DEFAULT_ITERATIONS,
-    warmup: int = DEFAULT_WARMUP,
-    max_growth: int | str = DEFAULT_MAX_GROWTH,
-) -> LeakReport:
-    """Like ``leak_check``, but raise ``LeakDetected`` (with the report's table) on a leak."""
-    report = leak_check(fn, iterations=iterations, warmup=warmup, max_growth=max_growth)
-    raise_if_leaked(report)
-    return report
+def failing_on_leak(check: Callable[P, LeakReport], doc: str) -> Callable[P, LeakReport]:
+    """``check`` (a leak check, same arguments), then ``raise_if_leaked`` on its report."""
+
+    @functools.wraps(check)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> LeakReport:
+        report = check(*args, **kwargs)
+        raise_if_leaked(report)
+        return report
+
+    checked.__doc__ = doc
+    return checked
+
+
+assert_no_leak = failing_on_leak(
+    leak_check, "Like ``leak_check``, but raise ``LeakDetected`` (with the report's table) on a leak."
+)
 
 
 def raise_if_leaked(report: LeakReport) -> None:

@@ -29,7 +29,9 @@ KEYWORDS = ("iterations", "warmup", "max_growth")
 ARGUMENTS = pytest.StashKey[tuple[int, int, int]]()
 REPORT = pytest.StashKey[leaks.LeakReport]()
 
-core.MEASURING_MARKERS.add(MARKER)
+
+def pytest_tfmem_measuring_markers() -> list[str]:
+    return [MARKER]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,10 +90,13 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
         pytest.fail(f"@pytest.mark.{MARKER} repeats plain test functions only; "
                     "call tfmem.assert_no_leak(...) inside an async test instead", pytrace=False)
+    trackers = core.manager(item.config).trackers()
 
     @functools.wraps(function)
     def repeated(*args: object, **kwargs: object) -> None:
-        item.stash[REPORT] = leaks.leak_check(functools.partial(function, *args, **kwargs), *arguments)
+        item.stash[REPORT] = leaks.leak_check(
+            functools.partial(function, *args, **kwargs), *arguments, trackers=trackers
+        )
 
     item.obj = repeated  # what pytest calls: with the fixture values, or from unittest's run
     try:

@@ -3,6 +3,7 @@
 On Linux >= 4.0 writing ``5`` to ``/proc/self/clear_refs`` resets the peak RSS the kernel
 keeps (``VmHWM``) to the current RSS, so the peak of any window can be read exactly instead
 of sampled. Where that is not possible a background sampler stands in, and readings say so.
+``high_water_mark`` is the one reader of that mark, for this process or another.
 """
 
 from __future__ import annotations
@@ -11,26 +12,33 @@ import ctypes
 import ctypes.util
 import gc
 import os
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import psutil
 
-_STATUS = "/proc/self/status"
+from pytest_tfmem.probes.sampler import Sampler
+
 _CLEAR_REFS = "/proc/self/clear_refs"
 
 
-def _read_status_kib(*keys: str) -> dict[str, int]:
-    values: dict[str, int] = {}
-    with open(_STATUS, "rb") as status:
+def _status_bytes(key: bytes, pid: int | str, status_file: str | None = None) -> int | None:
+    """One ``/proc/PID/status`` field given in kB (``VmRSS``, ``VmHWM``), in bytes; ``None``
+    when the process has no such line (a zombie has no memory left to describe)."""
+    with open(status_file or f"/proc/{pid}/status", "rb") as status:
         for line in status:
-            key, _, rest = line.partition(b":")
-            name = key.decode()
-            if name in keys:
-                values[name] = int(rest.split()[0]) * 1024
-    return values
+            if line.startswith(key):
+                return int(line[len(key) :].split()[0]) * 1024
+    return None
+
+
+def high_water_mark(pid: int | None = None) -> int | None:
+    """A process's peak RSS since it started or last reset it (the kernel's ``VmHWM``, exact),
+    in bytes: this process's, or ``pid``'s; ``None`` when there is none to read (the process
+    is gone, or a zombie; no ``/proc``)."""
+    try:
+        return _status_bytes(b"VmHWM:", "self" if pid is None else pid)
+    except (OSError, ValueError):
+        return None
 
 
 def _load_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
@@ -77,99 +85,58 @@ def release_freed_memory(collect: Callable[[], object] = gc.collect) -> int:
     return max(0, before - current_rss())
 
 
+def swapped_bytes(status_file: str | None = None) -> int:
+    """This process's memory in swap (``VmSwap``; 0 where the kernel does not say), read from
+    ``status_file`` in place of ``/proc/self/status`` if given. Resident memory, and so the host
+    view, does not count it."""
+    try:
+        return _status_bytes(b"VmSwap:", "self", status_file) or 0
+    except (OSError, ValueError):
+        return 0
+
+
 def kernel_peak_supported() -> bool:
     """True when the kernel's high-water mark can be read and reset for this process."""
     try:
         with open(_CLEAR_REFS, "w") as clear_refs:
             clear_refs.write("5")
-        return "VmHWM" in _read_status_kib("VmHWM")
     except OSError:
         return False
+    return high_water_mark() is not None
 
 
 class HostRSS:
-    """A peak source over host RSS: ``current``, ``peak`` since the last ``reset_peak``."""
+    """A peak source over host RSS: ``current``, ``peak`` since the last ``reset_peak``.
+
+    Exact where the kernel's high-water mark can be reset; elsewhere RSS is sampled every
+    millisecond, and readings say so.
+    """
 
     name = "host"
 
     def __init__(self) -> None:
         self.exact = kernel_peak_supported()
-        self._sampler: RssSampler | None = None
+        self._sampled_peak = 0
+        self._sampler: Sampler | None = None
         if not self.exact:
-            self._sampler = RssSampler(interval_s=0.001)
-            self._sampler.start()
+            self._sampler = Sampler(self._sample, 0.001, "tfmem-rss-sampler").start()
+
+    def _sample(self) -> None:
+        self._sampled_peak = max(self._sampled_peak, current_rss())
 
     def current(self) -> int:
         if self.exact:
-            return _read_status_kib("VmRSS")["VmRSS"]
+            return _status_bytes(b"VmRSS:", "self") or 0
         return current_rss()
 
     def peak(self) -> int:
         if self.exact:
-            return _read_status_kib("VmHWM")["VmHWM"]
-        assert self._sampler is not None
-        return max(self._sampler.max_rss, current_rss())
+            return high_water_mark() or 0  # exact: the kernel keeps this process's mark
+        return max(self._sampled_peak, current_rss())
 
     def reset_peak(self) -> None:
         if self.exact:
             with open(_CLEAR_REFS, "w") as clear_refs:
                 clear_refs.write("5")
         else:
-            assert self._sampler is not None
-            self._sampler.reset_max()
-
-
-@dataclass
-class RssSampler:
-    """Background thread reading the RSS of a process (and, optionally, its children).
-
-    Used for timelines and watchdogs; the exact per-test peak comes from the kernel instead.
-    """
-
-    interval_s: float = 0.05
-    pid: int = field(default_factory=os.getpid)
-    include_children: bool = False
-    keep_timeline: bool = False
-    max_rss: int = 0
-    last_rss: int = 0
-    timeline: list[tuple[float, int]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._process = psutil.Process(self.pid)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfmem-rss-sampler", daemon=True)
-        self._t0 = time.monotonic()
-
-    def read(self) -> int:
-        rss = self._process.memory_info().rss
-        if self.include_children:
-            for child in self._process.children(recursive=True):
-                try:
-                    rss += child.memory_info().rss
-                except psutil.Error:
-                    pass
-        return rss
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                rss = self.read()
-            except psutil.Error:
-                return
-            self.last_rss = rss
-            self.max_rss = max(self.max_rss, rss)
-            if self.keep_timeline:
-                self.timeline.append((time.monotonic() - self._t0, rss))
-            self._stop.wait(self.interval_s)
-
-    def reset_max(self) -> None:
-        self.max_rss = 0
-
-    def start(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+            self._sampled_peak = 0

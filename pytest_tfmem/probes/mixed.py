@@ -19,10 +19,10 @@ views' figure (``Measurement.peak`` takes the larger).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 from pytest_tfmem.probes import host
+from pytest_tfmem.probes.sampler import Sampler
 from pytest_tfmem.probes.tf import TFAllocator
 
 DEFAULT_INTERVAL_S = 0.01
@@ -39,14 +39,14 @@ class MixedReading:
 
 
 class MixedSampler:
-    """One background thread for the process, sampling only while a window is armed."""
+    """Samples the process's host and TF memory while a window is armed (one at a time)."""
 
     def __init__(self, allocator: TFAllocator, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.allocator = allocator
         self.interval_s = interval_s
         self._armed = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._sampler: Sampler | None = None
         self._start_host = self._start_in_use = self._start_pool = 0
         self._peak = 0
         self._samples = 0
@@ -62,14 +62,13 @@ class MixedSampler:
             self._peak = max(self._peak, need)
             self._samples += 1
 
-    def _run(self) -> None:
-        while True:
-            self._armed.wait()
-            try:
-                self._sample()
-            except Exception:  # TensorFlow shutting down, /proc gone: stop sampling this window
-                self._armed.clear()
-            time.sleep(self.interval_s)
+    def _sample_in_background(self) -> bool:
+        try:
+            self._sample()
+        except Exception:  # TensorFlow shutting down, /proc gone: stop sampling this window
+            self._armed.clear()
+            return False
+        return True
 
     def arm(self) -> None:
         """Start a window from the levels now (after the exact views were reset)."""
@@ -80,9 +79,7 @@ class MixedSampler:
             self._peak = 0
             self._samples = 0
             self._armed.set()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tfmem-mixed-sampler", daemon=True)
-            self._thread.start()
+        self._sampler = Sampler(self._sample_in_background, self.interval_s, "tfmem-mixed-sampler").start()
 
     def reading(self) -> MixedReading:
         """The window so far (with one last sample)."""
@@ -93,6 +90,9 @@ class MixedSampler:
             return MixedReading(max(0, self._peak), growth, self.interval_s, self._samples)
 
     def disarm(self) -> MixedReading:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
         reading = self.reading()
         self._armed.clear()
         return reading

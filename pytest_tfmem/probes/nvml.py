@@ -10,7 +10,8 @@ NVML numbers its GPUs by physical index, whatever ``CUDA_VISIBLE_DEVICES`` says,
 ``nvml:1`` can be TensorFlow's ``GPU:0``.
 
 This module needs neither pytest nor the rest of the package (``scripts/gpu_check.py`` loads
-it on its own); the ``pynvml`` module can be passed in, which is how tests use a fake one.
+it with ``sampler`` alone, as the package ``probes``); the ``pynvml`` module can be passed in,
+which is how tests use a fake one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .sampler import Sampler  # relative: loaded without the package by scripts/gpu_check.py
 
 INSTALL_HINT = "pip install 'pytest-tfmem[gpu]'"
 
@@ -146,6 +149,8 @@ class GpuProcessMemory:
         self.index = index
         self.name = f"nvml:{index}"
         self.problem = ""
+        # NVML keeps no peak: seconds between background readings (0: read at window edges only)
+        self.sampled_every_s = 0.0
         self._lock = threading.Lock()
         self._last = 0
         self._peak = 0
@@ -187,26 +192,14 @@ def process_sources(nvml: Nvml) -> list[GpuProcessMemory]:
     return [GpuProcessMemory(nvml, index) for index in range(nvml.device_count)]
 
 
-class NvmlSampler:
-    """Background thread that reads GPU sources every ``interval_s``, so a short peak between
-    two window edges is seen (down to the interval; NVML itself keeps no peak)."""
+class NvmlSampler(Sampler):
+    """Reads GPU sources every ``interval_s`` in the background, so a short peak between two
+    window edges is seen (down to the interval; NVML itself keeps no peak)."""
 
     def __init__(self, sources: Sequence[GpuProcessMemory], interval_s: float) -> None:
         self.sources = list(sources)
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfmem-nvml-sampler", daemon=True)
+        super().__init__(self._read_all, interval_s, "tfmem-nvml-sampler")
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            for source in self.sources:
-                source.read()
-
-    def start(self) -> NvmlSampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+    def _read_all(self) -> None:
+        for source in self.sources:
+            source.read()

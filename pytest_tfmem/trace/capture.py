@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.atomic import write_text_atomic
 from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.trace import timeline as timeline_module
 from pytest_tfmem.trace.profiler import ProfilerCapture

@@ -26,8 +26,8 @@ import shutil
 import time
 from pathlib import Path
 
-from pytest_tfmem import tfmemdir
-from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem import files
+from pytest_tfmem.files import write_text_atomic
 
 SESSION_MARKER = "tfmem-session.json"
 MAX_NAME_LENGTH = 120
@@ -85,8 +85,8 @@ def session_name(started: float, pid: int) -> str:
 def prepare_root(root: Path) -> None:
     """Create the trace root with a ``.gitignore`` that keeps traces out of version control
     (also in a ``.tfmem`` directory above it, such as the default root's)."""
-    tfmemdir.make_directory(root)
-    tfmemdir.ignore_in_git(root)
+    files.make_directory(root)
+    files.ignore_in_git(root)
 
 
 def prepare_session(root: Path, name: str, details: dict[str, object]) -> Path:

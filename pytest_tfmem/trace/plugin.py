@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, settings
-from pytest_tfmem.core.record import TestRecord, republish
+from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun, RerunResult
 from pytest_tfmem.core.verdict import describe_views
-from pytest_tfmem.isolate.child import IN_CHILD
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.trace import dirs as tracedirs
 from pytest_tfmem.trace.capture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
@@ -33,12 +32,10 @@ from pytest_tfmem.units import format_size
 ON_FAILURE, ALWAYS, OFF = "on-failure", "always", "off"
 MODES = (ON_FAILURE, ALWAYS, OFF)
 DEFAULT_ROOT = ".tfmem/traces"
-WORKER_SESSION_KEY = "tfmem_trace_session"
 SECTION = "tfmem trace"
 RERUN_LABEL = "TensorBoard trace"  # what a re-run gives this feature, as the report names it
-PLUGIN_NAME = "tfmem-trace"
-# The trace written for a test, on its item, for features that analyse traces (also in the
-# record's ``extra["trace"]``): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
+# The trace written for a test, on its item and in its record's ``extra["trace"]`` (where
+# features that analyse traces read it): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
 # (the command), ``traced`` ("rerun" or "run"), ``profiler`` (status), ``profiler_message``,
 # ``profiler_files`` (relative to the directory), ``traced_peak_bytes``, ``traced_views``,
 # ``error`` (how a re-run ended), ``timeline`` (``png``, ``scalars``...), ``notes``.
@@ -63,13 +60,6 @@ def parse_marker_mode(value: object, what: str) -> str:
         raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(MODES)}, True or False") from None
 
 
-def parse_directory(value: object, what: str) -> Path:
-    text = str(value).strip()
-    if not text or "\0" in text:
-        raise ValueError(f"invalid {what} {value!r}: expected a directory path")
-    return Path(os.path.expanduser(text))
-
-
 TRACE_MODE = settings.Option(
     "trace",
     f"{ON_FAILURE}: re-run a failed measured test once under TensorFlow's profiler and keep its "
@@ -77,14 +67,15 @@ TRACE_MODE = settings.Option(
     parse_mode,
 )
 TRACE_DIR = settings.Option(
-    "trace_dir", f"where traces go, one folder per session (default {DEFAULT_ROOT} under the rootdir)", parse_directory
+    "trace_dir",
+    f"where traces go, one folder per session (default {DEFAULT_ROOT} under the rootdir)",
+    settings.parse_path,
 )
 TRACE_KEEP = settings.Option(
     "trace_keep", "sessions of traces kept in the trace directory; older ones are deleted (default 5)",
     settings.parse_positive_int, 5,
 )
 TRACE_OPTIONS = [TRACE_MODE, TRACE_DIR, TRACE_KEEP]
-settings.MARKER_KEYWORDS["trace"] = parse_marker_mode
 
 
 @dataclass(frozen=True)
@@ -98,20 +89,19 @@ class TraceSettings:
         mode, _ = settings.read_option(config, TRACE_MODE)
         root, _ = settings.read_option(config, TRACE_DIR)
         keep, _ = settings.read_option(config, TRACE_KEEP)
-        if root is None:
-            root = config.rootpath / DEFAULT_ROOT
-        elif not root.is_absolute():  # a command-line path is relative to where pytest was started
-            from_cli = config.getoption(TRACE_DIR.ini, default=None) is not None
-            root = (config.invocation_params.dir if from_cli else config.rootpath) / root
-        return cls(mode, root, keep)
+        return cls(mode, root or config.rootpath / DEFAULT_ROOT, keep)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, TRACE_OPTIONS)
 
 
+def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
+    return {"trace": parse_marker_mode}
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TracePlugin(config), PLUGIN_NAME)
+    config.pluginmanager.register(TracePlugin(config), "tfmem-trace")
 
 
 class TracePlugin:
@@ -120,24 +110,10 @@ class TracePlugin:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.settings = TraceSettings.from_config(config)
-        workerinput = getattr(config, "workerinput", None)
-        child = config.stash.get(IN_CHILD, None)
-        # Only the session's main process rotates; xdist workers and the processes of
-        # isolated tests write into the main process's session directory, whose name comes
-        # with their worker input or their child spec (``session_for_child``).
-        self.is_worker = workerinput is not None or child is not None
-        if workerinput is not None and WORKER_SESSION_KEY in workerinput:
-            self.session_name = workerinput[WORKER_SESSION_KEY]
-        elif child is not None and child.trace_session:
-            self.session_name = child.trace_session
-        else:
-            self.session_name = tracedirs.session_name(time.time(), os.getpid())
-
-    def session_for_child(self, item: pytest.Item) -> str | None:
-        """The session directory name for the process of an isolated test, unless the test
-        cannot be traced (its mode is ``off``; ``None`` may still trace once TF is loaded there)."""
-        arguments = item.stash.get(core.ARGUMENTS, {})
-        return None if arguments.get("trace", self.settings.mode) == OFF else self.session_name
+        # Every process of the session (xdist workers, isolated tests' processes) writes into
+        # one session directory, named after the session; only the main process rotates.
+        shared = processes.session(config)
+        self.session_name = tracedirs.session_name(shared.started, shared.pid)
 
     def mode_for(self, item: pytest.Item) -> str:
         arguments = item.stash.get(core.ARGUMENTS, {})
@@ -178,6 +154,12 @@ class TracePlugin:
         finally:
             if capture is not None:
                 _without_hiding_the_outcome(item, lambda: self._finish(item, capture, None))
+
+    def pytest_tfmem_profiles(self, item: pytest.Item, rerun: Rerun | None) -> bool:
+        """The profiler runs over the test's own run in ``always`` mode, over the re-run it asked for."""
+        if rerun is not None:
+            return RERUN_LABEL in rerun.wanted_by
+        return core.manager(self.config).is_measured(item) and self.mode_for(item) == ALWAYS
 
     def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
         """``on-failure``: a test that failed a tfmem check is traced in its re-run (not one marked
@@ -235,26 +217,17 @@ class TracePlugin:
         item.stash[TRACE] = info
         if record is not None:
             record.extra["trace"] = info
-            republish(item, record)
+            publish(item, record)
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
+    def pytest_tfmem_report_sections(self, item: pytest.Item) -> list[tuple[str, str]] | None:
         info = item.stash.get(TRACE, None)
-        if call.when == "call" and info is not None:
-            report.sections.append((SECTION, "\n".join(section_lines(info))))
-        return report
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
-        """pytest-xdist: every worker writes into this session's directory."""
-        node.workerinput[WORKER_SESSION_KEY] = self.session_name
+        return [(SECTION, "\n".join(section_lines(info)))] if info is not None else None
 
     def pytest_sessionfinish(self) -> None:
         # A session that wrote no trace leaves the trace directory as it found it.
-        if self.is_worker or self.settings.mode == OFF or not (self.settings.root / self.session_name).is_dir():
+        if not processes.role(self.config).writes_session_outputs or self.settings.mode == OFF:
+            return
+        if not (self.settings.root / self.session_name).is_dir():
             return
         try:
             tracedirs.rotate(self.settings.root, self.settings.keep, current=self.session_name)

@@ -1,6 +1,6 @@
 """The memory timeline of one traced test: sampled, then written as TensorBoard scalars and a PNG.
 
-A background thread reads host RSS and each TensorFlow allocator's current level every
+A ``Sampler`` reads host RSS and each TensorFlow allocator's current level every
 ``INTERVAL_S``. Values are kept in bytes and shown above the test's starting level (the
 quantity the budget applies to). The sampled curve can miss a spike shorter than the
 interval; the exact peak of the run (kernel high-water mark, allocator peak) is drawn beside
@@ -13,7 +13,6 @@ import contextlib
 import os
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from pytest_tfmem.core.verdict import view_label
 from pytest_tfmem.probes import host
+from pytest_tfmem.probes.sampler import Sampler
 from pytest_tfmem.units import format_size
 
 INTERVAL_S = 0.01
@@ -77,44 +77,35 @@ class Timeline:
 
 
 class TimelineSampler:
-    """Sample ``views`` every ``interval_s`` on a daemon thread between ``start`` and ``stop``."""
+    """Sample ``views`` every ``interval_s`` in the background between ``start`` and ``stop``."""
 
     def __init__(self, views: Sequence[MemoryView], interval_s: float = INTERVAL_S) -> None:
         self._views = list(views)
         self.timeline = Timeline([v.name for v in self._views], interval_s=interval_s)
         self.timeline.values = {v.name: [] for v in self._views}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tfmem-timeline", daemon=True)
+        self._sampler = Sampler(self._sample, interval_s, "tfmem-timeline")
         self._t0 = 0.0
 
-    def _sample(self) -> None:
+    def _sample(self) -> bool:
         readings = []
         for view in self._views:
             try:
                 readings.append(view.read())
             except Exception:  # a source that fails mid-test (TF shutting down) ends the timeline
-                self._stop.set()
-                return
+                return False
         self.timeline.times.append(time.perf_counter() - self._t0)
         self.timeline.wall_times.append(time.time())
         for view, reading in zip(self._views, readings):
             self.timeline.values[view.name].append(reading)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.timeline.interval_s):
-            self._sample()
+        return True
 
     def start(self) -> TimelineSampler:
         self._t0 = time.perf_counter()
-        self._sample()
-        self._thread.start()
+        self._sampler.start()  # its first sample is the level at the start
         return self
 
     def stop(self) -> Timeline:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self._stop.clear()
+        self._sampler.stop()
         self._sample()  # the level at the end
         return self.timeline
 

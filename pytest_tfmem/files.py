@@ -1,0 +1,173 @@
+"""tfmem's files: written atomically, read back checked, kept in ``.tfmem`` out of version control.
+
+``write_text_atomic`` and ``create_text_atomic`` write so that readers see the old content or
+the new, never a truncated mix. ``VersionedJson`` is a JSON file format of tfmem's (baselines,
+reports): an object that names its format and version, written atomically and read back with
+both checked, every problem a ``FileFormatError`` naming the file.
+
+Every place that creates a directory for tfmem's files (the results journal, traces) goes
+through ``make_directory``: a ``.tfmem`` directory it creates or finds on the way gets a
+``.gitignore`` holding ``*``, as pytest does for ``.pytest_cache``, so ``git status`` stays
+clean without an entry in the project's own ``.gitignore``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DIRECTORY = ".tfmem"
+GITIGNORE = "# Created by pytest-tfmem automatically.\n*\n"
+
+
+def _new_file_mode() -> int:
+    """The permission bits a file created now gets: ``0o666`` less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _write_temporary(target: Path, text: str, mode: int) -> str:
+    """A temporary file beside ``target`` holding ``text``, flushed to disk, with ``mode``."""
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    return temporary
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, flush it to disk, then rename it over ``path``.
+
+    If anything fails (a full disk, an interrupt) the old file is left as it was and the
+    temporary file is removed. A replaced file keeps its permission bits.
+    """
+    target = Path(path)
+    try:
+        mode = target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = _new_file_mode()
+    temporary = _write_temporary(target, text, mode)
+    try:
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def create_text_atomic(path: str | os.PathLike[str], text: str) -> bool:
+    """Create ``path`` holding ``text`` unless it exists; True if this call created it.
+
+    The file appears complete or not at all, and an existing file is never replaced, even
+    when several processes try at once: the temporary file is hard-linked to ``path``, which
+    fails if ``path`` exists. (Where hard links are not supported, it is renamed into place.)
+    """
+    target = Path(path)
+    if target.exists():
+        return False
+    temporary = _write_temporary(target, text, _new_file_mode())
+    try:
+        try:
+            os.link(temporary, target)
+        except FileExistsError:
+            return False
+        except OSError:  # no hard links on this file system
+            if target.exists():
+                return False
+            os.replace(temporary, target)
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+def ignore_in_git(directory: Path) -> bool:
+    """Write ``directory/.gitignore`` holding ``*`` unless it exists (atomically); True if written."""
+    return create_text_atomic(directory / ".gitignore", GITIGNORE)
+
+
+def make_directory(path: Path) -> Path:
+    """Create ``path`` and its parents; each ``.tfmem`` directory in ``path`` gets its ``.gitignore``."""
+    path.mkdir(parents=True, exist_ok=True)
+    for directory in (path, *path.parents):
+        if directory.name == DIRECTORY:
+            ignore_in_git(directory)
+    return path
+
+
+class FileFormatError(Exception):
+    """A file that cannot be used: the message names the file (``what`` it is) and the problem."""
+
+    what = "tfmem"
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"{self.what} file {str(path)!r}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class VersionedJson:
+    """A JSON file format: an object with ``"format": name`` and ``"version": version``."""
+
+    name: str  # "pytest-tfmem-baseline"
+    version: int
+    how_to_make: str  # "create one with --tfmem-save-baseline=PATH", for a missing file
+    error: type[FileFormatError]
+
+    def write(self, path: str | os.PathLike[str], body: dict[str, Any]) -> None:
+        """Write ``body`` with the format's name and version, atomically."""
+        data = {"format": self.name, "version": self.version, **body}
+        write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def read(self, path: str | os.PathLike[str], *, missing_ok: bool = False) -> dict[str, Any] | None:
+        """The file's object, checked by ``parse``; ``None`` for an absent file if ``missing_ok``.
+
+        Raises ``error`` for a missing (unless allowed), unreadable, empty, corrupt or
+        wrong-version file.
+        """
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise self.error(path, f"no such file ({self.how_to_make})") from None
+        except UnicodeDecodeError:
+            raise self.error(path, f"not a text file (it is not UTF-8): not a pytest-tfmem {self.error.what}") from None
+        except OSError as error:
+            raise self.error(path, f"cannot be read ({error.strerror or error})") from None
+        return self.parse(text, path)
+
+    def parse(self, text: str, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """The object in ``text``, once it is JSON of this format and version."""
+        what = self.error.what
+        if not text.strip():
+            raise self.error(path, f"the file is empty: not a pytest-tfmem {what}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            where = f"line {error.lineno}, column {error.colno}: {error.msg}"
+            raise self.error(path, f"not valid JSON ({where})") from None
+        if not isinstance(data, dict) or data.get("format") != self.name:
+            expected = f'expected a JSON object with "format": "{self.name}"'
+            raise self.error(path, f"not a pytest-tfmem {what} ({expected})")
+        if data.get("version") != self.version:
+            raise self.error(
+                path,
+                f"{what} format version {data.get('version')!r} is not supported "
+                f"(this pytest-tfmem reads version {self.version})",
+            )
+        return data

@@ -1,0 +1,46 @@
+"""The results journal's file: where it is, what its lines hold, how to read it back.
+
+One JSON object per line, in the order things happened:
+
+- ``session``: the first line; the session's id, pid, start time, rootdir and arguments;
+- ``start``: a test began (with the process tree's RSS at that moment);
+- ``reading``: the running test's process tree RSS now and its sampled peak so far, every
+  second, and at once when the peak has grown by 10% (at least 16 MiB) since the last
+  reading written;
+- ``finish``: a test ended: outcome, duration, the failure's first line, its tfmem record;
+- ``end``: the session ended, with its exit status.
+
+Every line but the first carries the session's id and the time; lines of pytest-xdist workers
+carry the worker's id. Written by ``journal.plugin``, read by ``journal.reader`` (``tfmem
+last``); this module knows nothing of pytest's hooks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pytest_tfmem.files import DIRECTORY
+
+DEFAULT_PATH = Path(DIRECTORY) / "results.jsonl"  # under the rootdir
+SAMPLE_INTERVAL_S = 0.1  # how often the running test's process tree is read
+
+
+def previous_path(path: Path) -> Path:
+    """Where the previous session's journal is kept: ``results.previous.jsonl``."""
+    return path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    """The journal's entries; a line cut short by a kill is skipped."""
+    entries = []
+    with open(path, encoding="utf-8", errors="replace") as journal:
+        for line in journal:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries
