@@ -1,7 +1,8 @@
 """Isolated runs: kill_at, deaths by signal, the session going on, xdist, TF peaks agreeing.
 
 Every run here is a real pytest session in a fresh interpreter whose isolated tests run in
-children of their own; the OOM killer is simulated by a test sending itself SIGKILL.
+children of their own (forks of the session's template; some runs spawn them as fresh
+interpreters); the OOM killer is simulated by a test sending itself SIGKILL.
 """
 
 from __future__ import annotations
@@ -39,9 +40,18 @@ def _size(text: str) -> int:
     return parse_size(text.replace(" ", ""))
 
 
-def test_the_watchdog_kills_at_kill_at_and_the_session_goes_on(pytester: pytest.Pytester, run_subprocess_records):
+START_METHODS = [
+    pytest.param([], id="fork"),
+    pytest.param(["--tfmem-isolate-start=spawn"], id="spawn"),
+]
+
+
+@pytest.mark.parametrize("start", START_METHODS)
+def test_the_watchdog_kills_at_kill_at_and_the_session_goes_on(
+    pytester: pytest.Pytester, run_subprocess_records, start: list[str]
+):
     pytester.makepyfile(KILL_AT_TESTS)
-    result, records = run_subprocess_records()
+    result, records = run_subprocess_records(*start)
     result.assert_outcomes(passed=2, failed=1)
     assert result.ret == 1  # an ordinary failed session, not a crash
     assert result.duration < 60  # the test's 60 s sleep was cut short
@@ -87,9 +97,14 @@ def test_fine():
 """
 
 
-def test_deaths_by_signal_fail_their_test_with_the_signal_and_readings(pytester: pytest.Pytester, run_subprocess_records):
+@pytest.mark.parametrize(
+    "start", [START_METHODS[0], pytest.param(*START_METHODS[1].values, id="spawn", marks=pytest.mark.slow)]
+)
+def test_deaths_by_signal_fail_their_test_with_the_signal_and_readings(
+    pytester: pytest.Pytester, run_subprocess_records, start: list[str]
+):
     pytester.makepyfile(SIGNAL_TESTS)
-    result, records = run_subprocess_records("--tfmem-isolate")
+    result, records = run_subprocess_records("--tfmem-isolate", *start)
     result.assert_outcomes(passed=1, failed=3)
     assert result.ret == 1
     result.stdout.fnmatch_lines(

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
-from pytest_tfmem.isolate.watchdog import downsample
+from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ProcessTreeRss, downsample
 from pytest_tfmem.journal.reader import (
     EXIT_DID_NOT_FINISH,
     EXIT_NO_RESULTS,
@@ -148,3 +152,44 @@ def test_sizes_above_the_memory_limit_warn(pytester: pytest.Pytester):
         ["*MemoryLimitWarning: pytest-tfmem: tfmem marker argument budget 838190.3 GiB is above the memory limit*"]
     )
     result.stdout.fnmatch_lines(["*pytest-tfmem: isolate=False: kill_at is not enforced for this test"])
+
+
+HOLDER_AND_FORK = """
+import os, sys, time
+held = bytearray(200 * 2**20)  # touched: resident
+for i in range(0, len(held), 4096):
+    held[i] = 1
+if os.fork() == 0:
+    own = bytearray(100 * 2**20)
+    for i in range(0, len(own), 4096):
+        own[i] = 1
+    print("ready", flush=True)
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_tree_leaves_a_template_out_and_counts_its_forks():
+    """A template's own pages are left out of the session's tree; its forks' memory is in."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER_AND_FORK], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        lines = {holder.stdout.readline().strip(), holder.stdout.readline().strip()}
+        assert "ready" in lines
+        with_template = ProcessTreeRss(os.getpid()).read()
+        TEMPLATE_PIDS.add(holder.pid)
+        try:
+            without_template = ProcessTreeRss(os.getpid()).read()
+        finally:
+            TEMPLATE_PIDS.discard(holder.pid)
+        assert with_template - without_template >= 190 * 2**20  # the template's 200 MiB, left out
+        fork = psutil.Process(holder.pid).children()[0]
+        assert fork.memory_info().rss >= 100 * 2**20
+        assert without_template >= fork.memory_info().rss  # the fork is still counted
+    finally:
+        for process in psutil.Process(holder.pid).children():
+            process.kill()
+        holder.kill()
+        holder.wait()

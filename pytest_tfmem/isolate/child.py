@@ -66,6 +66,7 @@ class ChildSpec:
     basetemp: str  # the child's own --basetemp, inside the parent's
     parent_pid: int  # the child dies with this process
     session: dict[str, Any]  # the session the parent serves (``processes.Session.to_dict()``)
+    output: str | None = None  # where a forked child writes its output (a spawned one's goes through its pipe)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -105,13 +106,20 @@ class ChildRun:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
-        processes.enter_child(config, self.spec.session)
-        for name, value in _SINGLE_TEST_OPTIONS.items():
-            if hasattr(config.option, name):
-                setattr(config.option, name, value)
-        config.option.basetemp = self.spec.basetemp
+        single_test_options(config, self.spec)
         config.args = [self.spec.target]
         self.config = config
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, object, object]:
+        try:
+            return (yield)
+        finally:
+            # Nobody reads this process's terminal summary, and plugins' summary hooks can be
+            # slow (one imports hypothesis: seconds): the session prints its own.
+            terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+            if terminal is not None:
+                session.config.pluginmanager.unregister(terminal)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -163,6 +171,16 @@ class ChildRun:
     def pytest_sessionfinish(self, exitstatus: int) -> None:
         self._write({"event": "finished", "exitstatus": int(exitstatus)})
         self._events.close()
+
+
+def single_test_options(config: pytest.Config, spec: ChildSpec) -> None:
+    """Make the process an isolated test's (``processes.enter_child``) and switch off what
+    makes no sense for one test in a child; before ``pytest_configure``, so every plugin sees it."""
+    processes.enter_child(config, spec.session)
+    for name, value in _SINGLE_TEST_OPTIONS.items():
+        if hasattr(config.option, name):
+            setattr(config.option, name, value)
+    config.option.basetemp = spec.basetemp
 
 
 def die_with_parent(parent_pid: int) -> None:

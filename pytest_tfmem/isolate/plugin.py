@@ -1,8 +1,9 @@
-"""Isolated runs: a test in a fresh interpreter, watched, killed at ``kill_at``, reported here.
+"""Isolated runs: a test in a process of its own, watched, killed at ``kill_at``, reported here.
 
-An isolated test runs in a new Python process (spawned, never forked: TensorFlow is not
-fork-safe) started with the session's own arguments (``child.py``), so plugins, fixtures,
-markers and options are the same. Its reports come back serialised by pytest's own hooks
+An isolated test runs in a fork of the session's template process (``launch.py``,
+``template.py``), or in a fresh interpreter (``child.py``) where forking is not wanted or
+not safe; either way with the session's own arguments, so plugins, fixtures, markers and
+options are the same. Its reports come back serialised by pytest's own hooks
 and are logged as this item's reports: the terminal, JUnit XML, pytest-xdist and tfmem's
 own summary see an ordinary test. Meanwhile a ``Watchdog`` samples the child's process
 tree and kills it at ``kill_at``. A child that dies before reporting (killed at the limit,
@@ -14,9 +15,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,9 @@ from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import failure_for
+from pytest_tfmem.isolate.auto import AUTO, tests_to_isolate
 from pytest_tfmem.isolate.child import ChildSpec, read_events
+from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
 from pytest_tfmem.isolate.results import (
     PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
@@ -45,12 +47,14 @@ from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
 from pytest_tfmem.probes import system
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
+JOURNAL_PLUGIN = "tfmem-journal"  # the journal's plugin (registered after this one)
+_AUTO_KEY = "tfmem_isolate_auto"
 WATCH_INTERVAL_S = 0.02
 OUTPUT_LINES = 30
 
 ISOLATE = settings.Option(
     "isolate",
-    "run each test in a fresh Python process, watched by tfmem (marker: isolate=True)",
+    "run each test in a process of its own, watched by tfmem (marker: isolate=True)",
     settings.parse_bool,
     False,
     flag=True,
@@ -61,19 +65,49 @@ KILL_AT = settings.Option(
     f"with a kill_at runs isolated; {SIZE_FORMS}",
     settings.parse_optional_size,
 )
+ISOLATE_START = settings.Option(
+    "isolate_start",
+    f"how an isolated test's process starts: {FORK} (default; a fork of a template process that "
+    f"has pytest, the plugins and TensorFlow loaded) or {SPAWN} (a fresh interpreter per test)",
+    parse_start,
+    FORK,
+)
 
 
 class MemoryLimitWarning(pytest.PytestWarning):
     """A budget or ``kill_at`` above the memory limit that applies: the OOM killer comes first."""
 
 
+class IsolationStartWarning(pytest.PytestWarning):
+    """Isolated tests start as fresh interpreters although forking was asked for (and why)."""
+
+
 @dataclass(frozen=True)
 class IsolationPolicy:
     kill_at: int | None
+    reason: str | None = None  # why --tfmem-isolate=auto isolates the test
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings.add_options(parser, [ISOLATE, KILL_AT])
+    settings.add_options(parser, [ISOLATE, KILL_AT, ISOLATE_START])
+    # An option string of its own: "--tfmem-isolate" stays a switch that takes no value, so
+    # "pytest --tfmem-isolate tests/" keeps "tests/" as a path.
+    parser.getgroup("tfmem").addoption(
+        f"{ISOLATE.cli}={AUTO}", action="store_const", const=AUTO, default=None, dest=ISOLATE.ini,
+        help=f"isolate only the tests the results journal shows running when the last session died, "
+        f"or killed in their isolated process [ini: {ISOLATE.ini} = {AUTO}]",
+    )
+
+
+def read_isolate(config: pytest.Config) -> bool | str:
+    """``--tfmem-isolate`` / ini ``tfmem_isolate``: true, false or ``auto``."""
+    given = config.getoption(ISOLATE.ini, default=None)
+    if given == AUTO or (given is None and str(config.getini(ISOLATE.ini) or "").strip().lower() == AUTO):
+        return AUTO
+    try:
+        return bool(settings.read_option(config, ISOLATE)[0])
+    except pytest.UsageError as error:
+        raise pytest.UsageError(f"{error}; or {AUTO}") from None
 
 
 def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
@@ -101,23 +135,59 @@ class TfmemIsolation:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.isolate = settings.read_option(config, ISOLATE)[0]
+        isolate = read_isolate(config)
+        self.isolate = isolate is True
+        self.auto = isolate == AUTO
+        self._auto_reasons: dict[str, str] | None = None
+        self.auto_note = ""
         self.kill_at = settings.read_option(config, KILL_AT)[0]
         self.limit = system.applicable_memory_limit()
         self.isolated_records: list[TestRecord] = []
+        self.start_method, self._start_given = settings.read_option(config, ISOLATE_START)
+        self.launcher: Launcher | None = None
+        self._fallback_told = False
 
     # -- policy and warnings --------------------------------------------------------------
 
     def pytest_tfmem_measure_all(self) -> bool:
-        """Isolated by an option, every test is measured, each in its own process."""
-        return self.isolate or self.kill_at is not None
+        """Isolated by an option, every test is measured, each in its own process; with
+        ``auto``, every test is measured so that the journal follows each one."""
+        return self.isolate or self.kill_at is not None or self.auto
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
         arguments = item.stash.get(core.ARGUMENTS, {})
         kill_at = arguments.get("kill_at", self.kill_at)
-        isolate = arguments.get("isolate", self.isolate or kill_at is not None)
-        return IsolationPolicy(kill_at) if isolate else None
+        reason = self.auto_reasons().get(item.nodeid) if self.auto else None
+        isolate = arguments.get("isolate", self.isolate or kill_at is not None or reason is not None)
+        return IsolationPolicy(kill_at, reason) if isolate else None
+
+    def auto_reasons(self) -> dict[str, str]:
+        """``--tfmem-isolate=auto``: the tests to isolate and why, from the journal as the last
+        session left it (read before this session's journal replaces it; xdist workers get
+        the controller's reading)."""
+        if self._auto_reasons is None:
+            workerinput = getattr(self.config, "workerinput", None)
+            if workerinput is not None and _AUTO_KEY in workerinput:
+                self._auto_reasons, self.auto_note = workerinput[_AUTO_KEY]
+            else:
+                journal = self.config.pluginmanager.get_plugin(JOURNAL_PLUGIN)
+                if journal is None:
+                    self._auto_reasons, self.auto_note = {}, "the results journal is switched off: nothing to isolate"
+                else:
+                    self._auto_reasons, self.auto_note = tests_to_isolate(journal.path)
+        return self._auto_reasons
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self) -> None:
+        if self.auto:
+            self.auto_reasons()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist: workers isolate what the controller read in the journal."""
+        if self.auto:
+            node.workerinput[_AUTO_KEY] = (self.auto_reasons(), self.auto_note)
 
     def _above_limit(self, what: str, size: int | None) -> str | None:
         if size is None or size <= self.limit.bytes:
@@ -171,11 +241,45 @@ class TfmemIsolation:
         if call.excinfo is not None:
             item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
 
-    def _workdir(self) -> Path:
+    def _launcher(self) -> Launcher:
+        if self.launcher is None:
+            self._template_dir = self._workdir("tfmem-template")
+            self.launcher = Launcher(
+                self.start_method,
+                list(self.config.invocation_params.args),
+                self.config.invocation_params.dir,
+                processes.session(self.config).to_dict(),
+            )
+        return self.launcher
+
+    def _tell_fallback(self) -> None:
+        """Once per process: isolated tests are spawned although forking was asked for."""
+        assert self.launcher is not None
+        if self.launcher.fallback is None or self._fallback_told:
+            return
+        self._fallback_told = True
+        warnings.warn(
+            IsolationStartWarning(
+                f"pytest-tfmem: isolated tests start as fresh interpreters, not as forks of a template "
+                f"process: {self.launcher.fallback}"
+            ),
+            stacklevel=1,
+        )
+
+    def pytest_report_header(self, config: pytest.Config) -> str | None:
+        if self.start_method == SPAWN and self._start_given:
+            return "tfmem: isolated tests start as fresh interpreters (tfmem_isolate_start = spawn)"
+        return None
+
+    def pytest_unconfigure(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+
+    def _workdir(self, name: str = "tfmem-isolated") -> Path:
         factory = getattr(self.config, "_tmp_path_factory", None)
         if factory is not None:
-            return factory.mktemp("tfmem-isolated", numbered=True)
-        return Path(tempfile.mkdtemp(prefix="tfmem-isolated-"))
+            return factory.mktemp(name, numbered=True)
+        return Path(tempfile.mkdtemp(prefix=f"{name}-"))
 
     def run_isolated(self, item: pytest.Item, policy: IsolationPolicy) -> list[pytest.TestReport]:
         """Run the test in a child process; return its reports as this process's reports."""
@@ -189,16 +293,9 @@ class TfmemIsolation:
             parent_pid=os.getpid(),
             session=processes.session(self.config).to_dict(),
         )
-        spec.write(workdir / "spec.json")
-        with open(workdir / "output.log", "wb") as output:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "pytest_tfmem.isolate.child", str(workdir / "spec.json")],
-                cwd=self.config.invocation_params.dir,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-            )
-            result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
+        process = self._launcher().start(spec, workdir, self._template_dir)
+        self._tell_fallback()
+        result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
         events = read_events(Path(spec.events))
         reissue_warnings(events)
         reports = [
@@ -210,6 +307,8 @@ class TfmemIsolation:
             if isinstance(report.longrepr, list):  # a skip's (path, line, reason), listified by JSON
                 report.longrepr = tuple(report.longrepr)
         isolated = isolated_section(result, events, reports)
+        if policy.reason is not None:
+            isolated["reason"] = policy.reason
         for report in reports:
             add_isolated_numbers(report, isolated)
         if not complete(reports):
@@ -278,6 +377,14 @@ class TfmemIsolation:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.auto:
+            terminalreporter.write_sep("=", f"tfmem: {ISOLATE.cli}={AUTO}")
+            terminalreporter.write_line(f"tfmem: {self.auto_note}")
+            for record in self.isolated_records:
+                reason = record.extra["isolated"].get("reason")
+                if reason:
+                    result = record.extra["isolated"].get("death") or record.outcome or ""
+                    terminalreporter.write_line(f"{record.nodeid}: isolated: {reason}; this time: {result}")
         if not self.isolated_records:
             return
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import psutil
 
@@ -94,8 +94,14 @@ def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[flo
     return kept if kept[-1] == timeline[-1] else [*kept, timeline[-1]]
 
 
+# Template processes (``template.py``) started by this process: a tree's RSS leaves them out.
+# Their forks count: each maps the template's pages it uses, so adding the template's own
+# RSS would count those pages twice, and charge the template's start to a test.
+TEMPLATE_PIDS: set[int] = set()
+
+
 class ProcessTreeRss:
-    """Resident memory of a process plus its descendants.
+    """Resident memory of a process plus its descendants (templates left out, their forks in).
 
     Finding descendants scans every process on the machine (milliseconds), so the list is
     refreshed every ``refresh_s``; their memory is read at every ``read`` (microseconds).
@@ -121,6 +127,8 @@ class ProcessTreeRss:
             self.refresh()
         rss = self._root.memory_info().rss
         for process in self.descendants:
+            if process.pid in TEMPLATE_PIDS:
+                continue
             try:
                 rss += process.memory_info().rss
             except psutil.Error:
@@ -128,10 +136,23 @@ class ProcessTreeRss:
         return rss
 
 
+class ChildProcess(Protocol):
+    """What the watchdog needs of an isolated test's process: a ``subprocess.Popen``, or a
+    fork of the template (whose exit status the template reports)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+
 class Watchdog:
     """Sample a child's process tree, kill it at ``kill_at``, wait for it to end."""
 
-    def __init__(self, process: subprocess.Popen, kill_at: int | None, interval_s: float = 0.02) -> None:
+    def __init__(self, process: ChildProcess, kill_at: int | None, interval_s: float = 0.02) -> None:
         self.process = process
         self.kill_at = kill_at
         self.interval_s = interval_s
@@ -189,14 +210,15 @@ class Watchdog:
             raise
         elapsed = time.monotonic() - self._t0
         self._sampler.stop()
-        if self.process.returncode < 0:
+        returncode = self.process.wait()  # reaped: known
+        if returncode < 0:
             self.kill_descendants()
         oom_after = system.oom_kill_count()
         timeline = self._timeline
         return WatchResult(
-            returncode=self.process.returncode,
+            returncode=returncode,
             kill_at=self.kill_at,
-            killed_at_limit=self.killed_at_limit and self.process.returncode == -signal.SIGKILL,
+            killed_at_limit=self.killed_at_limit and returncode == -signal.SIGKILL,
             last_rss=timeline[-1][1] if timeline else 0,
             peak_rss=max((rss for _, rss in timeline), default=0),
             child_peak_rss=self._child_peak,

@@ -30,7 +30,7 @@ def find_results(start: Path | None = None) -> Path | None:
     return None
 
 
-def _clock(timestamp: float) -> str:
+def clock(timestamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
 
 
@@ -82,29 +82,51 @@ def last_reading_line(start: dict[str, Any], reading: dict[str, Any] | None) -> 
     growth = format_size(reading["rss"] - start["rss"], signed=True)
     return (
         f"last reading {format_size(reading['rss'])} ({growth} since the test started) "
-        f"at {reading['elapsed_s']:.1f} s into the test ({_clock(reading['time'])}); "
+        f"at {reading['elapsed_s']:.1f} s into the test ({clock(reading['time'])}); "
         f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
     )
+
+
+class NotAJournal(ValueError):
+    """The file is not a pytest-tfmem results journal."""
+
+
+def read_last_session(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The journal's last session: its header and its own entries. Raises ``OSError`` when
+    the file cannot be read, ``NotAJournal`` when it is not a journal."""
+    entries = read_journal(path)
+    if not entries or entries[0].get("event") != "session":
+        raise NotAJournal(f"{path} is not a pytest-tfmem results journal")
+    header = entries[0]
+    return header, [entry for entry in entries[1:] if entry.get("session") == header.get("session")]
+
+
+def session_end(session: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The session's ``end`` entry, or ``None`` if it did not finish."""
+    return next((entry for entry in session if entry.get("event") == "end"), None)
+
+
+def session_died(header: dict[str, Any], session: list[dict[str, Any]]) -> bool:
+    """It did not finish and its pytest process is gone (killed, or crashed)."""
+    return session_end(session) is None and not _pid_alive(header)
 
 
 def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
     """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
     0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
     try:
-        entries = read_journal(path)
+        header, session = read_last_session(path)
     except OSError as error:
         return f"tfmem: no results at {path}: {error.strerror or error}", EXIT_NO_RESULTS
-    if not entries or entries[0].get("event") != "session":
-        return f"tfmem: {path} is not a pytest-tfmem results journal", EXIT_NO_RESULTS
-    header = entries[0]
-    session = [entry for entry in entries[1:] if entry.get("session") == header.get("session")]
-    lines = [f"tfmem: results of the pytest session started {_clock(header['started'])} (pid {header['pid']})"]
+    except NotAJournal as error:
+        return f"tfmem: {error}", EXIT_NO_RESULTS
+    lines = [f"tfmem: results of the pytest session started {clock(header['started'])} (pid {header['pid']})"]
     lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
-    end = next((entry for entry in session if entry.get("event") == "end"), None)
+    end = session_end(session)
     if end is not None:
-        lines.append(f"  the session finished at {_clock(end['time'])}, exit status {end['exitstatus']}")
+        lines.append(f"  the session finished at {clock(end['time'])}, exit status {end['exitstatus']}")
         code = EXIT_FINISHED
-    elif _pid_alive(header):
+    elif not session_died(header, session):
         lines.append("  the session is still running")
         code = EXIT_DID_NOT_FINISH
     else:
@@ -119,7 +141,7 @@ def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tupl
         for (worker, _), (start, reading) in unfinished.items():
             label = f" [{worker}]" if worker else ""
             lines.append(
-                f"  {start['nodeid']}{label}: started {_clock(start['time'])}, "
+                f"  {start['nodeid']}{label}: started {clock(start['time'])}, "
                 f"still running {max(0.0, last_time - start['time']):.1f} s later at the journal's last entry"
             )
             lines.append(f"    {last_reading_line(start, reading)}")

@@ -68,6 +68,13 @@ class Collector:
             gc.freeze()
             self.young_collections += 1
 
+    def assume_full(self, cost: float) -> None:
+        """Count a full collection and freeze just made elsewhere as this collector's last
+        (one a template process made, taking ``cost`` seconds, before it forked this one)."""
+        self._full_at = self._clock()
+        self._full_cost = cost
+        self._rss_after_full = self._rss()
+
     def thaw(self) -> None:
         """Give every frozen object back to the collector."""
         gc.unfreeze()

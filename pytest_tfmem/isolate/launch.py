@@ -1,0 +1,195 @@
+"""Starting the process of an isolated test: a fork of the session's template, or a fresh interpreter.
+
+``fork`` (the default): the first isolated test of the session (of each pytest-xdist worker)
+starts the template (``template.py``), which has pytest, the plugins, the initial
+``conftest.py`` files and the heavy modules the session uses loaded; each isolated test then
+runs in a fork of it, in a fraction of a second instead of an interpreter's start-up plus
+TensorFlow's import. ``spawn``: a fresh interpreter per test (``child.py``), as chosen by
+``--tfmem-isolate-start=spawn``, or where forking is not available or not safe (TensorFlow's
+runtime started in the template, the template failed to start); the reason is given once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pytest_tfmem.isolate.child import ChildSpec
+from pytest_tfmem.isolate.results import output_excerpt
+from pytest_tfmem.isolate.template import TemplateSpec
+from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ChildProcess
+
+FORK = "fork"
+SPAWN = "spawn"
+START_METHODS = (FORK, SPAWN)
+# Modules the template imports first when the session has them: what makes a fresh interpreter slow.
+PREIMPORTED = ("numpy", "tensorflow", "keras", "tf_keras")
+_TEMPLATE_EXIT_S = 10.0
+
+
+def parse_start(value: object, what: str) -> str:
+    text = str(value).strip().lower()
+    if text not in START_METHODS:
+        raise ValueError(f"invalid {what} {value!r}: expected one of {', '.join(START_METHODS)}")
+    return text
+
+
+class TemplateFailed(Exception):
+    """The template cannot fork (the reason is the message)."""
+
+
+class Template:
+    """The session's side of a running template."""
+
+    def __init__(self, workdir: Path, spec_args: list[str], cwd: Path, session: dict[str, Any]) -> None:
+        ours, theirs = socket.socketpair()
+        spec = TemplateSpec(
+            args=spec_args,
+            basetemp=str(workdir / "basetemp"),
+            parent_pid=os.getpid(),
+            channel_fd=theirs.fileno(),
+            session=session,
+            preimport=[name for name in PREIMPORTED if name in sys.modules],
+        )
+        spec.write(workdir / "template.json")
+        self.log = workdir / "template.log"
+        self.started = time.monotonic()
+        with open(self.log, "wb") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_tfmem.isolate.template", str(workdir / "template.json")],
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(),),
+            )
+        theirs.close()
+        TEMPLATE_PIDS.add(self.process.pid)
+        self.channel = ours
+        self.answers: BinaryIO = ours.makefile("rb")
+        self.ready: dict[str, Any] = {}
+
+    def _answer(self) -> dict[str, Any] | None:
+        line = self.answers.readline()
+        return json.loads(line) if line else None
+
+    def wait_ready(self) -> None:
+        """Block until the template can fork; raise ``TemplateFailed`` if it cannot."""
+        try:
+            answer = self._answer()
+        except BaseException:
+            self.close()
+            raise
+        if answer is None or not answer["fork"]:
+            self.close()
+            reason = answer["reason"] if answer else "the template process ended before it was ready"
+            if answer is None or answer["reason"].startswith("the template's pytest run ended"):
+                reason += f"; the end of its output ({self.log}):\n{output_excerpt(self.log, 10)}"
+            raise TemplateFailed(reason)
+        self.ready = answer
+        self.ready["start_s"] = round(time.monotonic() - self.started, 3)
+
+    def fork(self, spec: ChildSpec) -> ForkedChild:
+        try:
+            self.channel.sendall((json.dumps(asdict(spec)) + "\n").encode())
+            answer = self._answer()
+        except OSError as error:
+            answer = {"event": "fork_failed", "error": f"the template process is gone ({error})"}
+        if answer is None or answer["event"] != "forked":
+            reason = answer["error"] if answer else "the template process is gone"
+            raise TemplateFailed(f"fork failed: {reason}")
+        return ForkedChild(self, answer["pid"])
+
+    def exit_status(self, pid: int) -> int:
+        """The exit status the template reports for its fork ``pid`` (waits for it)."""
+        while True:
+            answer = self._answer()
+            if answer is None:  # the template died; the fork died with it (PR_SET_PDEATHSIG)
+                return -signal.SIGKILL
+            if answer["event"] == "exited" and answer["pid"] == pid:
+                return int(answer["returncode"])
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        """Close the channel: the template ends."""
+        self.answers.close()
+        self.channel.close()
+        try:
+            self.process.wait(timeout=_TEMPLATE_EXIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        TEMPLATE_PIDS.discard(self.process.pid)
+
+
+class ForkedChild:
+    """A fork of the template running one test, seen from the session (``ChildProcess``)."""
+
+    def __init__(self, template: Template, pid: int) -> None:
+        self.template = template
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = self.template.exit_status(self.pid)
+        return self.returncode
+
+
+class Launcher:
+    """Starts isolated tests' processes: forks of a template, or fresh interpreters."""
+
+    def __init__(self, method: str, args: list[str], cwd: Path, session: dict[str, Any]) -> None:
+        self.method = method if hasattr(os, "fork") else SPAWN
+        self.args = args
+        self.cwd = cwd
+        self.session = session  # the session the isolated tests serve (``processes.Session``)
+        self.template: Template | None = None
+        self.fallback: str | None = None  # why tests are spawned although fork was asked for
+        if method == FORK and self.method == SPAWN:
+            self.fallback = "this platform has no fork()"
+
+    def start(self, spec: ChildSpec, workdir: Path, template_dir: Path) -> ChildProcess:
+        """Start ``spec``'s process, writing its output to ``workdir / "output.log"``.
+
+        A failure of the template switches this launcher to fresh interpreters; ``fallback``
+        says why (the caller reports it once)."""
+        output = workdir / "output.log"
+        if self.method == FORK:
+            try:
+                if self.template is None or not self.template.alive:
+                    self.template = Template(template_dir, self.args, self.cwd, self.session)
+                    self.template.wait_ready()
+                return self.template.fork(replace(spec, output=str(output)))
+            except TemplateFailed as error:
+                self.method, self.fallback, self.template = SPAWN, str(error), None
+        with open(output, "wb") as stream:
+            return subprocess.Popen(
+                [sys.executable, "-m", "pytest_tfmem.isolate.child", _write_spec(spec, workdir)],
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=stream,
+                stderr=subprocess.STDOUT,
+            )
+
+    def close(self) -> None:
+        if self.template is not None:
+            self.template.close()
+            self.template = None
+
+
+def _write_spec(spec: ChildSpec, workdir: Path) -> str:
+    path = workdir / "spec.json"
+    spec.write(path)
+    return str(path)

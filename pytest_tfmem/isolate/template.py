@@ -1,0 +1,225 @@
+"""The template: ``python -m pytest_tfmem.isolate.template SPEC.json``, forked once per isolated test.
+
+The session (``launch.py``) starts one template, when its first isolated test comes (one per
+pytest-xdist worker). The template runs ``pytest.main`` with the session's own arguments, as a
+spawned child does (``child.py``), so the rootdir, ini file, initial ``conftest.py`` files,
+plugins and options are the session's; ``pytest_configure`` and ``pytest_sessionstart`` run.
+Where pytest would collect, the template imports the heavy modules the session uses
+(TensorFlow, Keras; never starting TensorFlow's runtime), freezes its objects out of the
+garbage collector (so collections in the forks do not copy its pages), says it is ready,
+and serves requests: for each test it forks; the fork becomes that test's process and
+continues the pytest run from there (collection narrowed to the test, its runtest protocol,
+session finish), then ends with ``os._exit``. The template waits for the fork to end and
+reports its exit status: the fork is its child, not the session's.
+
+Requests and answers are JSON lines on a socket the session passed down (``channel_fd``):
+``ready`` (``fork`` true, or false with the ``reason`` forking is not safe), ``forked``
+(the fork's pid) and ``exited`` (its pid and exit status, negative for a signal). The
+template ends when the session closes the socket, and dies with the session.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from pytest_tfmem.core import manager as core
+from pytest_tfmem.isolate.child import ChildRun, ChildSpec, die_with_parent, single_test_options
+from pytest_tfmem.probes import tf as tf_probe
+
+PLUGIN_NAME = "tfmem-isolation-template"
+EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """What the session asks of its template."""
+
+    args: list[str]  # the session's command-line arguments
+    basetemp: str  # the template's own --basetemp (each fork gets a fresh one)
+    parent_pid: int  # the template dies with this process
+    channel_fd: int  # the socket to the session, inherited
+    session: dict[str, Any]  # the session it serves (``processes.Session.to_dict()``)
+    preimport: list[str] = field(default_factory=list)  # modules to import before forking
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def read(cls, path: Path) -> TemplateSpec:
+        return cls(**json.loads(path.read_text()))
+
+    def child_spec(self) -> ChildSpec:
+        """The template's stand-in for a test's spec: plugins configure as in an isolated test."""
+        return ChildSpec(
+            args=self.args, nodeid="", target="", events="", basetemp=self.basetemp,
+            parent_pid=self.parent_pid, session=self.session,
+        )
+
+
+def fork_unsafe_reason() -> str | None:
+    """Why forking this process is not safe, or ``None``."""
+    if not hasattr(os, "fork"):
+        return "this platform has no fork()"
+    if tf_probe.runtime_started():
+        return (
+            "TensorFlow's runtime was started while pytest configured (by a conftest.py file or "
+            "a plugin): its threads do not survive a fork"
+        )
+    return None
+
+
+def send(channel: socket.socket, message: dict[str, Any]) -> None:
+    channel.sendall((json.dumps(message) + "\n").encode())
+
+
+class TemplateRun:
+    """The plugin that holds the template's pytest run at collection and forks it per test."""
+
+    def __init__(self, spec: TemplateSpec) -> None:
+        self.spec = spec
+        self.channel = socket.socket(fileno=spec.channel_fd)
+        self.requests: BinaryIO = self.channel.makefile("rb")
+        self.pid = os.getpid()
+        self.forked = False  # this process is a fork that runs one test
+        self.collect_cost = 0.0  # seconds of the full collection before forking
+        self.exitstatus = 0
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_cmdline_main(self, config: pytest.Config) -> None:
+        single_test_options(config, self.spec.child_spec())
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> None:
+        """Serve fork requests; return (to pytest's own collection) only in a fork."""
+        # Ctrl-C reaches the whole process group: the session stops its test's fork, and the
+        # template must stay to report that fork's end.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        problems = []
+        for name in self.spec.preimport:
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # the fork imports it again and reports the error
+                problems.append(f"import {name}: {error!r}")
+        reason = fork_unsafe_reason()
+        started = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self.collect_cost = time.perf_counter() - started
+        send(self.channel, {"event": "ready", "pid": self.pid, "fork": reason is None, "reason": reason,
+                            "problems": problems})
+        if reason is not None:
+            self._serve_nothing()
+        for line in self.requests:
+            spec = ChildSpec(**json.loads(line))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            try:
+                pid = os.fork()
+            except OSError as error:
+                send(self.channel, {"event": "fork_failed", "error": str(error)})
+                continue
+            if pid == 0:
+                self._become_test_process(session.config, spec)
+                return None
+            send(self.channel, {"event": "forked", "pid": pid})
+            _, status = os.waitpid(pid, 0)
+            send(self.channel, {"event": "exited", "pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        os._exit(0)  # the session closed the channel: nothing of this run is worth finishing
+
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        self.exitstatus = int(exitstatus)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self) -> None:
+        """A fork ends once its session is finished and configured away: what pytest would
+        do next (collect all garbage five times over, run the template's exit handlers) only
+        costs time."""
+        if self.forked:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self.exitstatus)
+
+    def _serve_nothing(self) -> None:
+        for _ in self.requests:  # until the session closes the channel
+            pass
+        os._exit(0)
+
+    def _become_test_process(self, config: pytest.Config, spec: ChildSpec) -> None:
+        """In the fork: leave the template's channel and output, and become ``spec``'s test process."""
+        self.forked = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a spawned child
+        self.requests.close()
+        self.channel.close()
+        die_with_parent(self.pid)
+        assert spec.output is not None
+        redirect_output(config, spec.output)
+        single_test_options(config, spec)
+        factory = getattr(config, "_tmp_path_factory", None)
+        if factory is not None:  # created at configure from the template's --basetemp
+            factory._given_basetemp = Path(os.path.abspath(spec.basetemp))
+            factory._basetemp = None
+        config.args = [spec.target]
+        core.manager(config).collector.assume_full(self.collect_cost)
+        run = ChildRun(spec)
+        run.config = config
+        config.pluginmanager.register(run, "tfmem-isolated-test")
+
+
+def redirect_output(config: pytest.Config, path: str) -> None:
+    """Send file descriptors 1 and 2 (and Python's fault reports) to ``path``, with pytest's
+    output capture started again on them (its files were the template's)."""
+    import faulthandler
+
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    if faulthandler.is_enabled():  # on a descriptor of its own: fd 2 is a capture file during tests
+        faulthandler.enable(file=os.dup(2))
+    if capture is not None:
+        capture.start_global_capturing()
+        capture.suspend_global_capture()
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    spec = TemplateSpec.read(Path(arguments[0]))
+    die_with_parent(spec.parent_pid)
+    run = TemplateRun(spec)
+    try:
+        code = int(pytest.main(spec.args, plugins=[run]))
+    except BaseException:
+        if run.forked:
+            os._exit(EXIT_NOT_FORKED)
+        raise
+    if run.forked:  # a fork that ran its test: no atexit handlers, no buffers of the template's
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    # pytest ended before it reached collection (a usage error, a broken conftest.py file)
+    send(run.channel, {"event": "ready", "pid": os.getpid(), "fork": False,
+                       "reason": f"the template's pytest run ended with exit code {code} before collection",
+                       "problems": []})
+    return code
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, not this copy's (see child.py).
+    from pytest_tfmem.isolate.template import main as template_main
+
+    sys.exit(template_main())
