@@ -35,7 +35,7 @@ from pathlib import Path
 
 import psutil
 
-from pytest_tfmem.atomic import write_text_atomic
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.units import format_size
 
 # As in the tests: TensorFlow's CPU allocator keeps statistics only with oneDNN on.

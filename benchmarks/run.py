@@ -222,8 +222,9 @@ Counting objects sees only objects the collector tracks (a list of NumPy arrays 
 Time to verdict is the test time of the check.""",
     "isolation": """\
 **Isolation.** Two small tests per session, the whole `pytest` process timed, in process and
-with `--tfmem-isolate`: each isolated test pays a fresh interpreter, and a TensorFlow test its
-import and runtime start again. Runs in the first two repetitions only.""",
+with `--tfmem-isolate`: each isolated test runs in a fork of the session's template process (a
+TensorFlow test starts TF's runtime again), and the template's start is paid once per session.
+Runs in the first two repetitions only.""",
 }
 
 
