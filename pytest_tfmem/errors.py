@@ -1,4 +1,4 @@
-"""Exceptions raised by tfmem checks.
+"""Exceptions raised by tfmem checks, and the warning of a memory limit that acts first.
 
 They derive from pytest's own ``Failed`` outcome (``pytest.fail.Exception``) with
 ``pytrace=False``, so a check failure is reported as the test's failure with a plain
@@ -56,6 +56,11 @@ class KilledBySignal(IsolatedTestDied):
 
 class LeakDetected(TfmemFailure):
     """Memory grew per iteration by more than ``max_growth`` in a leak check."""
+
+
+class MemoryLimitWarning(pytest.PytestWarning):
+    """A budget, ``kill_at`` or pytest-xdist worker count above the memory limit that applies:
+    the OOM killer comes first."""
 
 
 # The exception a failed verdict raises, by its check (``Verdict.check``).

@@ -40,6 +40,14 @@ def pytest_tfmem_measure_all(config: pytest.Config) -> bool | None:
     """
 
 
+@pytest.hookspec(firstresult=True)
+def pytest_tfmem_known_peak(item: pytest.Item) -> int | None:
+    """The peak this test is known to reach (bytes; its baseline entry's), or ``None``.
+
+    Asked before any test runs, to size pytest-xdist workers (``--tfmem-workers=fit``).
+    """
+
+
 @pytest.hookspec
 def pytest_tfmem_trackers() -> list[PeakTracker] | None:
     """More peak trackers for every measurement window of a test (NVML's per-GPU views...).

@@ -143,6 +143,10 @@ class CiGates:
     def pytest_tfmem_measure_all(self) -> bool:
         return self.active
 
+    def pytest_tfmem_known_peak(self, item: pytest.Item) -> int | None:
+        entry = self.baseline.tests.get(item.nodeid) if self.baseline is not None else None
+        return entry.peak if entry is not None else None
+
     @pytest.hookimpl
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """Hold the test to its baseline entry, with its marker's tolerance if it has one."""

@@ -28,7 +28,7 @@ from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.errors import failure_for
+from pytest_tfmem.errors import MemoryLimitWarning, failure_for
 from pytest_tfmem.isolate.auto import AUTO, tests_to_isolate
 from pytest_tfmem.isolate.child import ChildSpec, read_events
 from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
@@ -44,10 +44,10 @@ from pytest_tfmem.isolate.results import (
     sampled_measurement,
 )
 from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
+from pytest_tfmem.journal.format import results_path
 from pytest_tfmem.probes import system
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-JOURNAL_PLUGIN = "tfmem-journal"  # the journal's plugin (registered after this one)
 _AUTO_KEY = "tfmem_isolate_auto"
 WATCH_INTERVAL_S = 0.02
 OUTPUT_LINES = 30
@@ -72,10 +72,6 @@ ISOLATE_START = settings.Option(
     parse_start,
     FORK,
 )
-
-
-class MemoryLimitWarning(pytest.PytestWarning):
-    """A budget or ``kill_at`` above the memory limit that applies: the OOM killer comes first."""
 
 
 class IsolationStartWarning(pytest.PytestWarning):
@@ -171,11 +167,8 @@ class TfmemIsolation:
             if workerinput is not None and _AUTO_KEY in workerinput:
                 self._auto_reasons, self.auto_note = workerinput[_AUTO_KEY]
             else:
-                journal = self.config.pluginmanager.get_plugin(JOURNAL_PLUGIN)
-                if journal is None:
-                    self._auto_reasons, self.auto_note = {}, "the results journal is switched off: nothing to isolate"
-                else:
-                    self._auto_reasons, self.auto_note = tests_to_isolate(journal.path)
+                journal, _ = results_path(self.config)
+                self._auto_reasons, self.auto_note = tests_to_isolate(journal)
         return self._auto_reasons
 
     @pytest.hookimpl(tryfirst=True)

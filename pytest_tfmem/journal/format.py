@@ -12,7 +12,8 @@ One JSON object per line, in the order things happened:
 
 Every line but the first carries the session's id and the time; lines of pytest-xdist workers
 carry the worker's id. Written by ``journal.plugin``, read by ``journal.reader`` (``tfmem
-last``); this module knows nothing of pytest's hooks.
+last``) and by the pytest-xdist controller for a crashed worker's test (``workers.crash``);
+this module knows nothing of pytest's hooks.
 """
 
 from __future__ import annotations
@@ -21,10 +22,26 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from pytest_tfmem.core import settings
 from pytest_tfmem.files import DIRECTORY
 
 DEFAULT_PATH = Path(DIRECTORY) / "results.jsonl"  # under the rootdir
 SAMPLE_INTERVAL_S = 0.1  # how often the running test's process tree is read
+
+RESULTS = settings.Option(
+    "results",
+    "the crash-safe results journal, written as tests run (default .tfmem/results.jsonl in the "
+    "rootdir); `tfmem last` reads it",
+    settings.parse_path,
+)
+
+
+def results_path(config: pytest.Config) -> tuple[Path, bool]:
+    """This session's journal and whether ``--tfmem-results`` (or its ini value) chose it."""
+    path, given = settings.read_option(config, RESULTS)
+    return path or config.rootpath / DEFAULT_PATH, given
 
 
 def previous_path(path: Path) -> Path:

@@ -31,7 +31,7 @@ from pytest_tfmem import files
 from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import record_from_report
 from pytest_tfmem.isolate.watchdog import ProcessTreeRss
-from pytest_tfmem.journal.format import DEFAULT_PATH, SAMPLE_INTERVAL_S, previous_path
+from pytest_tfmem.journal.format import RESULTS, SAMPLE_INTERVAL_S, previous_path, results_path
 from pytest_tfmem.probes.sampler import Sampler
 
 SYNC_INTERVAL_S = 1.0
@@ -39,14 +39,6 @@ WRITE_INTERVAL_S = 1.0
 # A sampled peak this much above the last one written is written at once.
 GROWTH_TO_WRITE = 0.10
 GROWTH_TO_WRITE_BYTES = 16 * 2**20
-
-
-RESULTS = settings.Option(
-    "results",
-    "the crash-safe results journal, written as tests run (default .tfmem/results.jsonl in the "
-    "rootdir); `tfmem last` reads it",
-    settings.parse_path,
-)
 
 
 @contextmanager
@@ -208,8 +200,7 @@ class TfmemJournal:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        path, self.path_given = settings.read_option(config, RESULTS)
-        self.path: Path = path or config.rootpath / DEFAULT_PATH
+        self.path, self.path_given = results_path(config)
         self.worker = processes.worker_id(config)
         shared = processes.session(config)
         self.header = {"event": "session", "session": shared.id, **shared.to_dict()}

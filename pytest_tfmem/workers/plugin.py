@@ -14,16 +14,14 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from pytest_tfmem.core import settings
-from pytest_tfmem.isolate.child import IN_CHILD
-from pytest_tfmem.isolate.plugin import MemoryLimitWarning
-from pytest_tfmem.journal.plugin import PLUGIN_NAME as JOURNAL_PLUGIN
+from pytest_tfmem.core import processes, settings
+from pytest_tfmem.errors import MemoryLimitWarning
+from pytest_tfmem.journal.format import results_path
 from pytest_tfmem.probes import host, system
 from pytest_tfmem.workers.crash import CrashAccount, OomKillCounter, journal_readings, worker_returncode
 from pytest_tfmem.workers.fit import WorkerFit
 from pytest_tfmem.workers.probe import ProbeFailed, measure_worker, probing
 
-PLUGIN_NAME = "tfmem-workers"
 FIT = "fit"
 OFF = "off"
 _PLAN = pytest.StashKey["WorkerFit | None"]()  # the fit, once measured (None: it could not be)
@@ -95,7 +93,7 @@ def plan(config: pytest.Config, cpus: int) -> WorkerFit | None:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """pytest-xdist asks how many workers ``-n auto`` starts: as many as fit, with the option."""
     if probing() or not _opted_in(config):
-        return None
+        return None  # the probe measures a worker: it starts no probe of its own
     config.stash[_AUTO] = str(config.option.numprocesses)
     fit = plan(config, _xdist_count(config))
     return fit.count if fit is not None else None
@@ -109,9 +107,8 @@ def _xdist_count(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if hasattr(config, "workerinput") or IN_CHILD in config.stash:
-        return
-    config.pluginmanager.register(TfmemWorkers(config), PLUGIN_NAME)
+    if processes.role(config).writes_session_outputs:  # the session's own process (xdist's controller)
+        config.pluginmanager.register(TfmemWorkers(config), "tfmem-workers")
 
 
 class TfmemWorkers:
@@ -146,10 +143,8 @@ class TfmemWorkers:
         (the hook's ``sched`` argument, for rescheduling the test, is not needed)."""
         node = getattr(report, "node", None)
         worker = str(getattr(getattr(node, "gateway", None), "id", "?"))
-        journal = self.config.pluginmanager.get_plugin(JOURNAL_PLUGIN)
-        readings = None
-        if journal is not None:
-            readings = journal_readings(journal.path, journal.header["session"], worker, crashitem)
+        journal, _ = results_path(self.config)
+        readings = journal_readings(journal, processes.session(self.config).id, worker, crashitem)
         if readings is None and not self.opted_in:
             return  # tfmem did not watch this test
         returncode = worker_returncode(node)

@@ -8,9 +8,9 @@ rootdir, ini file, conftest files and plugins, without workers and with ``--coll
 it imports what a worker imports, starts TensorFlow's runtime as tfmem does before the
 first measured test (when TensorFlow was imported), returns freed memory to the system and
 writes its resident memory, with every collected test's budget and baseline peak, to a JSON
-file. It is marked as an isolated test's process is (``IN_CHILD``), so the session's
-journal, baseline and reports stay the controller's. It costs one collection before the
-workers start.
+file. It is an isolated test's process to every feature (``processes.enter_child``), serving
+the controller's session, so the session's journal, baseline and reports stay the
+controller's. It costs one collection before the workers start.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core
-from pytest_tfmem.gates.plugin import PLUGIN_NAME as GATES_PLUGIN
-from pytest_tfmem.isolate.child import IN_CHILD, ChildSpec, die_with_parent
+from pytest_tfmem.core import manager as core, processes
+from pytest_tfmem.isolate.child import die_with_parent
 from pytest_tfmem.isolate.results import output_excerpt
 from pytest_tfmem.probes import host, tf as tf_probe
 from pytest_tfmem.workers.fit import BASELINE_PEAK, BUDGET, Need
@@ -51,7 +50,7 @@ _PROBE_OPTIONS: dict[str, Any] = {
     "report_log": None,
 }
 
-_probing = False  # set in the probe process: -n auto there must not start another probe
+_probing = False  # set in the probe process: xdist asks for -n auto's count before any plugin configures
 
 
 def probing() -> bool:
@@ -110,16 +109,14 @@ class ProbeFailed(Exception):
 class Probe:
     """The plugin that turns a pytest run into the probe."""
 
-    def __init__(self, result_path: Path, args: list[str]) -> None:
+    def __init__(self, result_path: Path, session: dict[str, Any]) -> None:
         self.result_path = result_path
-        self.args = args
+        self.session = session
         self._t0 = time.monotonic()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
-        config.stash[IN_CHILD] = ChildSpec(
-            args=self.args, nodeid="", target="", events="", basetemp="", parent_pid=os.getppid()
-        )
+        processes.enter_child(config, self.session)  # -n auto here starts no probe of its own
         for name, value in _PROBE_OPTIONS.items():
             if hasattr(config.option, name):
                 setattr(config.option, name, value)
@@ -127,12 +124,10 @@ class Probe:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
         manager = core.manager(config)
-        gates = config.pluginmanager.get_plugin(GATES_PLUGIN)
-        baseline = gates.baseline if gates is not None else None
-        tests = []
-        for item in session.items:
-            entry = baseline.tests.get(item.nodeid) if baseline is not None else None
-            tests.append(ProbedTest(item.nodeid, manager.budget_for(item), entry.peak if entry else None))
+        tests = [
+            ProbedTest(item.nodeid, manager.budget_for(item), config.hook.pytest_tfmem_known_peak(item=item))
+            for item in session.items
+        ]
         manager.prepare_tensorflow()  # as a worker does before its first measured test
         host.release_freed_memory()
         result = ProbeResult(
@@ -156,6 +151,7 @@ def measure_worker(config: pytest.Config) -> ProbeResult:
                     "args": [str(arg) for arg in config.invocation_params.args],
                     "result": str(result_path),
                     "parent_pid": os.getpid(),
+                    "session": processes.session(config).to_dict(),
                 }
             )
         )
@@ -174,12 +170,12 @@ def measure_worker(config: pytest.Config) -> ProbeResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global _probing
     arguments = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(arguments[0]).read_text())
     die_with_parent(spec["parent_pid"])
+    global _probing
     _probing = True
-    return int(pytest.main(spec["args"], plugins=[Probe(Path(spec["result"]), spec["args"])]))
+    return int(pytest.main(spec["args"], plugins=[Probe(Path(spec["result"]), spec["session"])]))
 
 
 if __name__ == "__main__":
