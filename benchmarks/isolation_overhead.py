@@ -20,9 +20,7 @@ shared machine the CPU time is the steadier figure.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -35,6 +33,10 @@ from pathlib import Path
 
 import psutil
 
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import machine
 from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.units import format_size
 
@@ -235,11 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     print(table)
     if args.output:
-        command = "python benchmarks/isolation_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        written = (
-            f"Written by `{command.strip()}` on {datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}.\n\n{table}\n"
-        )
+        written = f"{machine.written_by('benchmarks/isolation_overhead.py', argv)}.\n\n{table}\n"
         write_section(Path(args.output), written)
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import sys
+from collections.abc import Sequence
 from importlib import metadata
 
 import psutil
@@ -59,3 +61,14 @@ def busy_warning(load_before: float, load_after: float, cores: int) -> str | Non
     return (f"**A busy machine**: the load average exceeded its {cores} cores, so the benchmarks shared the "
             "CPUs with other work and their timings (and the targets on them) are noisy; the memory figures "
             "and counts do not depend on the load.")
+
+
+def written_by(script: str, argv: Sequence[str] | None) -> str:
+    """``Written by `python benchmarks/x.py --output page.md` on 2026-12-01, 2 CPUs, Python 3.11.7``:
+    how a generated page names the command that reproduces it (``argv``: the script's arguments,
+    ``None`` for its own command line)."""
+    command = f"python {script} " + " ".join(argv if argv is not None else sys.argv[1:])
+    return (
+        f"Written by `{command.strip()}` on {datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )

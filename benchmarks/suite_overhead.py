@@ -22,9 +22,7 @@ the repetitions and the ratio with/without.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -37,6 +35,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``pytest_tfmem`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import machine
 from pytest_tfmem.files import write_text_atomic
 
 # TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
@@ -198,10 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     table = render(rows)
     print(table)
     if args.output:
-        command = "python benchmarks/suite_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
         heading = (
-            f"# What measuring every test costs\n\nWritten by `{command.strip()}` on "
-            f"{datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+            f"# What measuring every test costs\n\n{machine.written_by('benchmarks/suite_overhead.py', argv)}; "
             "medians of the repetitions. See the module docstring of `benchmarks/suite_overhead.py`.\n\n"
         )
         write_text_atomic(args.output, heading + table + "\n")
