@@ -6,17 +6,19 @@
 Three generated suites, each run as a whole pytest session in a fresh process, alternately
 without the plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test measured):
 
-- ``keras``: small Keras ``fit`` tests (~0.3 s each), half plain functions, half methods of a
+- ``keras``: small Keras ``fit`` tests (about 1 s each on 2 cores), half plain functions, half methods of a
   ``tf.test.TestCase`` class;
 - ``trivial-tf``: tests that do nothing, in a module that imports TensorFlow and Keras: the
   fixed cost per measured test, with the most objects for the garbage collector to see;
 - ``drift``: trivial tests in a TensorFlow module where each test drops the 1 MiB cyclic object
   the test before it made, and makes its own: garbage that only a full collection finds. The
-  RSS after test 20 and after the last test shows whether such memory is reclaimed.
+  RSS every 20 tests, from test 20 to the last, shows whether such memory is reclaimed.
 
 Wall time is the session's (``time.perf_counter`` around the process); CPU time is the
-process's user + system time (steadier on a shared machine). The table shows the median of
-the repetitions and the ratio with/without.
+process's user + system time (steadier on a shared machine); GC is the CPU time spent collecting
+garbage, Python's own collections and tfmem's (``benchmarks/gc_clock.py``, loaded on both sides):
+tfmem's collections before each test stand in for much of what Python would collect anyway.
+The table shows the median of the repetitions and the ratio with/without.
 """
 
 from __future__ import annotations
@@ -110,16 +112,20 @@ def rss_mib():
 @pytest.mark.parametrize("index", range({count}))
 def test_drop_and_make(index):
     HELD[0] = Cycle()  # the previous test's cycle becomes garbage now
-    if index in (20, {count} - 1):
+    if index % 20 == 0 or index == {count} - 1:
         with open(os.environ["DRIFT_FILE"], "a") as out:
             out.write(f"{{index}} {{rss_mib():.1f}}\\n")
 '''
+
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
 class Run:
     wall_s: float
     cpu_s: float
+    gc_s: float  # CPU time in garbage collection, Python's own and tfmem's (``gc_clock``)
     drift: dict[int, float]
 
 
@@ -137,14 +143,17 @@ def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, 
 
 
 def run_session(suite: Path, with_plugin: bool) -> Run:
-    drift_file = suite / "drift.txt"
+    drift_file, gc_file = suite / "drift.txt", suite / "gc.txt"
     drift_file.unlink(missing_ok=True)
     plugin_args = ["--tfmem-budget=4GB"] if with_plugin else ["-p", "no:tfmem"]
-    environment = {**os.environ, "DRIFT_FILE": str(drift_file), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    python_path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "DRIFT_FILE": str(drift_file), "GC_CLOCK_FILE": str(gc_file),
+                   "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *plugin_args],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "-p", "benchmarks.gc_clock", *plugin_args],
         cwd=suite, env=environment, capture_output=True, text=True,
     )
     wall = time.perf_counter() - started
@@ -158,7 +167,7 @@ def run_session(suite: Path, with_plugin: bool) -> Run:
         for line in drift_file.read_text().splitlines():
             index, mib = line.split()
             drift[int(index)] = float(mib)
-    return Run(wall, cpu, drift)
+    return Run(wall, cpu, float(gc_file.read_text()), drift)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,14 +194,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in suites:
         without, with_ = runs[(name, False)], runs[(name, True)]
         row = {"suite": name, "tests": tests[name]}
-        for key in ("wall_s", "cpu_s"):
+        for key in ("wall_s", "cpu_s", "gc_s"):
             plain = statistics.median(getattr(r, key) for r in without)
             measured = statistics.median(getattr(r, key) for r in with_)
             row[key] = (plain, measured, measured / plain, (measured - plain) / tests[name] * 1000)
         if name == "drift":
             last = args.trivial_tests - 1
-            row["rss_mib"] = {side: statistics.median(r.drift[last] - r.drift[20] for r in rs)
-                              for side, rs in (("without", without), ("with", with_))}
+            row["rss_mib"] = {
+                side: {
+                    "end": statistics.median(r.drift[last] - r.drift[20] for r in rs),
+                    "highest": statistics.median(max(mib for i, mib in r.drift.items() if i >= 20) - r.drift[20]
+                                                 for r in rs),
+                }
+                for side, rs in (("without", without), ("with", with_))
+            }
         rows.append(row)
     table = render(rows)
     print(table)
@@ -207,22 +222,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| suite | tests | wall without | wall with | ratio | extra per test | CPU without | CPU with | ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| suite | tests | wall without | wall with | ratio | extra per test | CPU without | CPU with | ratio "
+        "| GC without | GC with |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        wall, cpu = row["wall_s"], row["cpu_s"]
+        wall, cpu, collecting = row["wall_s"], row["cpu_s"], row["gc_s"]
         lines.append(
             f"| {row['suite']} | {row['tests']} "
             f"| {wall[0]:.2f} s | {wall[1]:.2f} s | x{wall[2]:.3f} | {wall[3]:+.1f} ms "
-            f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} |"
+            f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} "
+            f"| {collecting[0]:.2f} s | {collecting[1]:.2f} s |"
         )
     drift = next((row["rss_mib"] for row in rows if "rss_mib" in row), None)
     if drift is not None:
         lines.append("")
         lines.append(
-            f"RSS growth from test 20 to the last test of `drift` (each test leaves 1 MiB of cyclic garbage): "
-            f"without tfmem {drift['without']:+.1f} MiB, with tfmem {drift['with']:+.1f} MiB"
+            f"RSS of `drift` (each test leaves 1 MiB of cyclic garbage) above its level at test 20, read every "
+            f"20 tests: without tfmem {drift['without']['end']:+.1f} MiB at the last test, "
+            f"{drift['without']['highest']:+.1f} MiB at the highest; with tfmem {drift['with']['end']:+.1f} MiB "
+            f"at the last test, {drift['with']['highest']:+.1f} MiB at the highest"
         )
     return "\n".join(lines)
 

@@ -27,17 +27,26 @@ import gc
 import time
 from collections.abc import Callable
 
-FULL_AFTER_GROWTH = 64 * 2**20
-FULL_AFTER_GROWTH_SHARE = 0.10
+FULL_AFTER_GROWTH = 32 * 2**20
+FULL_AFTER_GROWTH_SHARE = 0.05
 FULL_TIME_SHARE = 0.02
 
 
 class Collector:
     """Collects garbage before windows: young objects each time, everything now and then."""
 
-    def __init__(self, rss: Callable[[], int], clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        rss: Callable[[], int],
+        clock: Callable[[], float] = time.perf_counter,
+        return_freed_heap: Callable[[], object] = lambda: None,
+    ) -> None:
         self._rss = rss
         self._clock = clock
+        # The level after a full collection is read once the freed heap went back to the OS:
+        # read before, it would include the garbage just freed, and the next full collection
+        # would wait for that much more growth.
+        self._return_freed_heap = return_freed_heap
         self._full_at: float | None = None  # when the last full collection ended
         self._full_cost = 0.0
         self._rss_after_full = 0
@@ -61,6 +70,7 @@ class Collector:
             gc.freeze()
             self._full_at = self._clock()
             self._full_cost = self._full_at - started
+            self._return_freed_heap()
             self._rss_after_full = self._rss()
             self.full_collections += 1
         else:

@@ -57,18 +57,24 @@ def _load_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined
 _malloc_trim = _load_malloc_trim()
 
 
-def current_rss() -> int:
-    """Resident set size of this process in bytes."""
-    return psutil.Process().memory_info().rss
-
-
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_STATM = "/proc/self/statm"
+_HAVE_STATM = os.path.exists(_STATM)
 
 
-def resident_bytes() -> int:
-    """This process's RSS from ``/proc/self/statm``: the cheapest reading, for samplers."""
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_SIZE
+def current_rss() -> int:
+    """Resident set size of this process in bytes: from ``/proc/self/statm`` (the cheapest
+    reading; samplers call it every few milliseconds), through psutil where there is no ``/proc``."""
+    if _HAVE_STATM:
+        with open(_STATM, "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    return int(psutil.Process().memory_info().rss)
+
+
+def return_freed_heap() -> None:
+    """Hand the heap glibc holds free back to the OS (``malloc_trim(0)``; nothing elsewhere)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
 
 
 def release_freed_memory(collect: Callable[[], object] = gc.collect) -> int:
@@ -80,8 +86,7 @@ def release_freed_memory(collect: Callable[[], object] = gc.collect) -> int:
     """
     before = current_rss()
     collect()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
+    return_freed_heap()
     return max(0, before - current_rss())
 
 
@@ -125,8 +130,6 @@ class HostRSS:
         self._sampled_peak = max(self._sampled_peak, current_rss())
 
     def current(self) -> int:
-        if self.exact:
-            return _status_bytes(b"VmRSS:", "self") or 0
         return current_rss()
 
     def peak(self) -> int:

@@ -55,7 +55,7 @@ class MixedSampler:
         with self._lock:
             if not self._armed.is_set():
                 return
-            rss = host.resident_bytes()
+            rss = host.current_rss()
             in_use = self.allocator.current()  # also raises the allocator's pool estimate
             pool = self.allocator.pool_estimate
             need = (rss - pool) - (self._start_host - self._start_pool) + (in_use - self._start_in_use)
@@ -75,7 +75,7 @@ class MixedSampler:
         with self._lock:
             self._start_in_use = self.allocator.current()
             self._start_pool = self.allocator.pool_estimate
-            self._start_host = host.resident_bytes()
+            self._start_host = host.current_rss()
             self._peak = 0
             self._samples = 0
             self._armed.set()
