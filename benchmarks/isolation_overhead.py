@@ -67,7 +67,6 @@ VARIANTS = {
     "fork": ["--tfmem-isolate", "--tfmem-isolate-start=fork"],
     "spawn": ["--tfmem-isolate", "--tfmem-isolate-start=spawn"],
 }
-TEMPLATE_MODULE = "pytest_tfmem.isolate.template"
 # --output replaces what lies between these lines and keeps the rest of the page.
 BEGIN = "<!-- benchmarks/isolation_overhead.py: begin -->"
 END = "<!-- benchmarks/isolation_overhead.py: end -->"
@@ -101,16 +100,13 @@ class TemplateWatcher:
         self._thread.start()
 
     def _template(self) -> psutil.Process | None:
+        """The session's own child: the template (a fork of the session, or a fresh interpreter);
+        the tests' processes are its children."""
         try:
-            for process in psutil.Process(self.root).children(recursive=True):
-                command = process.cmdline()
-                if TEMPLATE_MODULE in command and process.ppid() != 0 and TEMPLATE_MODULE not in (
-                    psutil.Process(process.ppid()).cmdline()
-                ):
-                    return process  # the template, not one of its forks
+            children = psutil.Process(self.root).children()
         except psutil.Error:
-            pass
-        return None
+            return None
+        return children[0] if len(children) == 1 else None
 
     def _run(self) -> None:
         while not self._done.wait(0.1):

@@ -24,6 +24,7 @@ def _note(name):
     with open("processes.jsonl", "a") as notes:
         notes.write(json.dumps({
             "test": name, "pid": os.getpid(), "parent": parent.pid, "parent_cmdline": parent.cmdline(),
+            "grandparent": parent.ppid(),
             "setting": os.environ.get("SET_BY_CONFTEST"),
         }) + "\\n")
 
@@ -73,7 +74,9 @@ def test_isolated_tests_run_in_forks_of_one_template(pytester: pytest.Pytester):
     templates = {note["parent"] for note in notes}
     assert len(templates) == 1  # one template serves the session
     assert templates != {session}
-    assert "pytest_tfmem.isolate.template" in notes[0]["parent_cmdline"]
+    # No test ran TensorFlow here: the template is a fork of the session, not a fresh interpreter.
+    assert {note["grandparent"] for note in notes} == {session}
+    assert "pytest_tfmem.isolate.template" not in notes[0]["parent_cmdline"]
     assert len({note["pid"] for note in notes}) == 3  # a fresh fork for each test
     assert {note["setting"] for note in notes} == {"yes"}  # as the conftest.py file left it
     assert not psutil.pid_exists(templates.pop())  # the template ended with the session
@@ -141,10 +144,10 @@ def test_a_template_whose_tensorflow_runtime_started_falls_back_to_spawn(pyteste
 def test_a_template_that_fails_to_start_falls_back_to_spawn_and_shows_its_output(pytester: pytest.Pytester):
     pytester.makeconftest(
         """
-        import sys
-
-        if sys.argv[0].endswith("template.py"):  # only in the template process
-            raise RuntimeError("this conftest.py file refuses the template")
+        def pytest_sessionstart(session):
+            plugins = session.config.pluginmanager.get_plugins()
+            if any(type(plugin).__name__ == "TemplateRun" for plugin in plugins):  # only in the template
+                raise RuntimeError("this conftest.py file refuses the template")
         """
     )
     pytester.makepyfile(
@@ -162,8 +165,23 @@ def test_a_template_that_fails_to_start_falls_back_to_spawn_and_shows_its_output
     result.stdout.fnmatch_lines(
         [
             "*IsolationStartWarning: pytest-tfmem: isolated tests start as fresh interpreters, not as forks of a "
-            "template process: the template's pytest run ended with exit code 4 before collection; the end of its "
+            "template process: the template's pytest run ended with exit code 3 before collection; the end of its "
             "output (*template.log):",
             "*RuntimeError: this conftest.py file refuses the template*",
         ]
     )
+
+
+@pytest.mark.slow  # TensorFlow starts in the session, in the template and in each test's fork
+def test_tests_that_start_tensorflow_on_import_get_a_template_of_a_fresh_interpreter(pytester: pytest.Pytester):
+    """Collecting this module starts TensorFlow's runtime in the session, so forking the session
+    is not safe; a fresh interpreter imports TensorFlow without starting it and is forked."""
+    pytester.makepyfile(
+        test_who=WHO_RUNS_ME.replace("import pytest\n", "import pytest\nimport tensorflow as tf\n\nONES = tf.ones((2, 2))\n", 1)
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+    result.stdout.no_fnmatch_line("*IsolationStartWarning*")
+    notes = _notes(pytester)
+    assert len({note["parent"] for note in notes}) == 1 and len({note["pid"] for note in notes}) == 3
+    assert "pytest_tfmem.isolate.template" in notes[0]["parent_cmdline"]

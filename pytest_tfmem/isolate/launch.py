@@ -1,10 +1,13 @@
 """Starting the process of an isolated test: a fork of the session's template, or a fresh interpreter.
 
-``fork`` (the default): the first isolated test of the session (of each pytest-xdist worker)
-starts the template (``template.py``), which has pytest, the plugins, the initial
-``conftest.py`` files and the heavy modules the session uses loaded; each isolated test then
-runs in a fork of it, in a fraction of a second instead of an interpreter's start-up plus
-TensorFlow's import. ``spawn``: a fresh interpreter per test (``child.py``), as chosen by
+``fork`` (the default): before the first test, a session (each pytest-xdist worker) that will
+isolate a test starts the template (``template.py``), which has pytest, the plugins, the
+initial ``conftest.py`` files and the heavy modules the session uses loaded; each isolated
+test then runs in a fork of it, in a fraction of a second instead of an interpreter's start-up
+plus TensorFlow's import. The template is itself a fork of the session while TensorFlow's
+runtime has not started here (it then costs no import at all), and a fresh interpreter that
+imports them otherwise (a test module that ran TensorFlow ops when it was imported).
+``spawn``: a fresh interpreter per test (``child.py``), as chosen by
 ``--tfmem-isolate-start=spawn``, or where forking is not available or not safe (TensorFlow's
 runtime started in the template, the template failed to start); the reason is given once.
 """
@@ -12,19 +15,22 @@ runtime started in the template, the template failed to start); the reason is gi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from pytest_tfmem.isolate.child import ChildSpec
 from pytest_tfmem.isolate.results import output_excerpt
-from pytest_tfmem.isolate.template import TemplateSpec
+from pytest_tfmem.isolate.template import TemplateSpec, fork_unsafe_reason
 from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ChildProcess
 
 FORK = "fork"
@@ -46,6 +52,71 @@ class TemplateFailed(Exception):
     """The template cannot fork (the reason is the message)."""
 
 
+class SessionFork:
+    """The template as a fork of this process, behind the part of ``subprocess.Popen`` the
+    session uses (``pid``, ``poll``, ``wait``, ``kill``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"template {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> SessionFork:
+    """Fork this process into a template that runs ``template.main([spec_path])``, its output
+    going to the file descriptor ``log``; ``close`` is the session's end of their channel.
+
+    The fork never returns into the session's code: whatever happens, it ends with ``os._exit``.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads; none run Python in the fork
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return SessionFork(pid)
+    code = 1
+    try:
+        close.close()  # else the template would hold its own channel open and never see it end
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(stdin, 0)
+        os.close(stdin)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+        os.chdir(cwd)
+        # The session's pytest logging handlers (its log file, live logging) are not the template's.
+        for handler in list(logging.root.handlers):
+            if type(handler).__module__ == "_pytest.logging":
+                logging.root.removeHandler(handler)
+        from pytest_tfmem.isolate.template import main as template_main
+
+        code = template_main([str(spec_path)])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
 class Template:
     """The session's side of a running template."""
 
@@ -62,15 +133,22 @@ class Template:
         spec.write(workdir / "template.json")
         self.log = workdir / "template.log"
         self.started = time.monotonic()
+        # Forking this process costs no imports; once TensorFlow's runtime started here it is
+        # not safe, and a fresh interpreter imports what the session uses without starting it.
+        self.forked_from_session = fork_unsafe_reason() is None
+        self.process: subprocess.Popen[bytes] | SessionFork
         with open(self.log, "wb") as output:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pytest_tfmem.isolate.template", str(workdir / "template.json")],
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(),),
-            )
+            if self.forked_from_session:
+                self.process = fork_session(workdir / "template.json", output.fileno(), cwd, ours)
+            else:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", "pytest_tfmem.isolate.template", str(workdir / "template.json")],
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                )
         theirs.close()
         TEMPLATE_PIDS.add(self.process.pid)
         self.channel = ours
@@ -90,12 +168,17 @@ class Template:
             raise
         if answer is None or not answer["fork"]:
             self.close()
+            self.ready = {}
             reason = answer["reason"] if answer else "the template process ended before it was ready"
             if answer is None or answer["reason"].startswith("the template's pytest run ended"):
                 reason += f"; the end of its output ({self.log}):\n{output_excerpt(self.log, 10)}"
             raise TemplateFailed(reason)
         self.ready = answer
         self.ready["start_s"] = round(time.monotonic() - self.started, 3)
+
+    @property
+    def is_ready(self) -> bool:
+        return bool(self.ready)
 
     def fork(self, spec: ChildSpec) -> ForkedChild:
         try:
@@ -160,6 +243,14 @@ class Launcher:
         if method == FORK and self.method == SPAWN:
             self.fallback = "this platform has no fork()"
 
+    def prepare(self, template_dir: Path) -> None:
+        """Start the template now (before the session's first test), without waiting for it."""
+        if self.method == FORK and self.template is None:
+            try:
+                self.template = Template(template_dir, self.args, self.cwd, self.session)
+            except OSError as error:  # no fork or process to be had
+                self.method, self.fallback = SPAWN, f"the template could not start: {error}"
+
     def start(self, spec: ChildSpec, workdir: Path, template_dir: Path) -> ChildProcess:
         """Start ``spec``'s process, writing its output to ``workdir / "output.log"``.
 
@@ -168,10 +259,13 @@ class Launcher:
         output = workdir / "output.log"
         if self.method == FORK:
             try:
-                if self.template is None or not self.template.alive:
-                    self.template = Template(template_dir, self.args, self.cwd, self.session)
-                    self.template.wait_ready()
-                return self.template.fork(replace(spec, output=str(output)))
+                if self.template is not None and self.template.is_ready and not self.template.alive:
+                    self.template = None  # it served tests and died since: start another
+                self.prepare(template_dir)
+                if self.template is not None:
+                    if not self.template.is_ready:
+                        self.template.wait_ready()
+                    return self.template.fork(replace(spec, output=str(output)))
             except TemplateFailed as error:
                 self.method, self.fallback, self.template = SPAWN, str(error), None
         with open(output, "wb") as stream:

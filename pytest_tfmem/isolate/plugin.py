@@ -211,6 +211,23 @@ class TfmemIsolation:
     # -- the isolated protocol -----------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Start the template before the first test, when a test will be isolated: no test has
+        run here yet, so TensorFlow's runtime is started only if importing the tests started it,
+        and the template can be a fork of this process."""
+        option = self.config.option
+        if (
+            self.start_method != FORK
+            or getattr(option, "collectonly", False)
+            or getattr(option, "setuponly", False)
+            or getattr(option, "setupplan", False)
+            or (session.testsfailed and not option.continue_on_collection_errors)
+        ):
+            return
+        if any(self.policy_for(item) for item in session.items):
+            self._launcher().prepare(self._template_dir)
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
         policy = self.policy_for(item)
         if policy is None or self.config.getoption("setuponly", False) or self.config.getoption("setupplan", False):

@@ -1,9 +1,13 @@
-"""The template: ``python -m pytest_tfmem.isolate.template SPEC.json``, forked once per isolated test.
+"""The template: ``main(["SPEC.json"])``, forked once per isolated test.
 
-The session (``launch.py``) starts one template, when its first isolated test comes (one per
-pytest-xdist worker). The template runs ``pytest.main`` with the session's own arguments, as a
+The session (``launch.py``) starts one template before its first test when a test will be
+isolated (one per pytest-xdist worker): a fork of the session that calls ``main``, or, once
+TensorFlow's runtime started in the session, ``python -m pytest_tfmem.isolate.template
+SPEC.json``. The template runs ``pytest.main`` with the session's own arguments, as a
 spawned child does (``child.py``), so the rootdir, ini file, initial ``conftest.py`` files,
 plugins and options are the session's; ``pytest_configure`` and ``pytest_sessionstart`` run.
+In a fork of the session, the modules the session imported (``conftest.py`` files, test
+modules, TensorFlow) are imported already, and are not run again.
 Where pytest would collect, the template imports the heavy modules the session uses
 (TensorFlow, Keras; never starting TensorFlow's runtime), freezes its objects out of the
 garbage collector (so collections in the forks do not copy its pages), says it is ready,
@@ -38,7 +42,6 @@ from pytest_tfmem.core import manager as core
 from pytest_tfmem.isolate.child import ChildRun, ChildSpec, die_with_parent, single_test_options
 from pytest_tfmem.probes import tf as tf_probe
 
-PLUGIN_NAME = "tfmem-isolation-template"
 EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path
 
 
