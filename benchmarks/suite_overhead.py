@@ -1,13 +1,17 @@
 """What measuring every test costs a real TensorFlow suite: with and without pytest-tfmem, in one run.
 
-    python benchmarks/suite_overhead.py                  # about 4 minutes on 2 cores
+    python benchmarks/suite_overhead.py                  # about 8 minutes on 2 cores
     python benchmarks/suite_overhead.py --repeat 1 --keras-tests 10 --trivial-tests 100
 
-Three generated suites, each run as a whole pytest session in a fresh process, alternately
-without the plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test measured):
+Three generated suites, each run as a whole pytest session in a fresh process, without the
+plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test measured) **at the same
+time**, each on one core (TensorFlow's and OpenMP's thread pools set to one thread): on a
+shared machine a busy spell slows both sides of a pair alike, where sessions run one after the
+other meet different spells (back to back, the same suite's time varied by 10-30% here). So it
+needs at least 2 cores. The ratios are the medians of each pair's ratio:
 
-- ``keras``: small Keras ``fit`` tests (about 1 s each on 2 cores), half plain functions, half methods of a
-  ``tf.test.TestCase`` class;
+- ``keras``: small Keras ``fit`` tests (about 1 s each here), half plain functions, half methods
+  of a ``tf.test.TestCase`` class;
 - ``trivial-tf``: tests that do nothing, in a module that imports TensorFlow and Keras: the
   fixed cost per measured test, with the most objects for the garbage collector to see;
 - ``drift``: trivial tests in a TensorFlow module where each test drops the 1 MiB cyclic object
@@ -15,17 +19,16 @@ without the plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test
   RSS every 20 tests, from test 20 to the last, shows whether such memory is reclaimed.
 
 Wall time is the session's (``time.perf_counter`` around the process); CPU time is the
-process's user + system time (steadier on a shared machine); GC is the CPU time spent collecting
+process's user + system time (``os.wait4``); GC is the CPU time spent collecting
 garbage, Python's own collections and tfmem's (``benchmarks/gc_clock.py``, loaded on both sides):
 tfmem's collections before each test stand in for much of what Python would collect anyway.
-The table shows the median of the repetitions and the ratio with/without.
+"Extra per test" is the median of the pairs' differences divided by the tests.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -43,6 +46,9 @@ from pytest_tfmem.files import write_text_atomic
 # TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
 # (AMD EPYC): on, every machine measures the same TensorFlow, with the pool that hides memory.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# Each session on one core: TensorFlow's and OpenMP's thread pools of one thread.
+for _variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_variable, "1")
 
 KERAS_MODULE = '''
 import numpy as np
@@ -132,7 +138,7 @@ class Run:
 def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, Path]:
     suites = {"keras": root / "keras", "trivial-tf": root / "trivial", "drift": root / "drift"}
     for path in suites.values():
-        path.mkdir()
+        path.mkdir(parents=True)
         (path / "pytest.ini").write_text("[pytest]\n")
     functions = keras_tests // 2
     methods = "".join(METHOD.format(index=i) for i in range(keras_tests - functions))
@@ -142,71 +148,98 @@ def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, 
     return suites
 
 
-def run_session(suite: Path, with_plugin: bool) -> Run:
-    drift_file, gc_file = suite / "drift.txt", suite / "gc.txt"
-    drift_file.unlink(missing_ok=True)
+@dataclass
+class Started:
+    """A session running in the background: its process, its start, its files."""
+
+    suite: Path
+    with_plugin: bool
+    process: subprocess.Popen[bytes]
+    started: float
+
+
+def start_session(suite: Path, with_plugin: bool) -> Started:
+    for name in ("drift.txt", "gc.txt"):
+        (suite / name).unlink(missing_ok=True)
     plugin_args = ["--tfmem-budget=4GB"] if with_plugin else ["-p", "no:tfmem"]
     python_path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
-    environment = {**os.environ, "DRIFT_FILE": str(drift_file), "GC_CLOCK_FILE": str(gc_file),
+    environment = {**os.environ, "DRIFT_FILE": str(suite / "drift.txt"), "GC_CLOCK_FILE": str(suite / "gc.txt"),
                    "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-         "-p", "benchmarks.gc_clock", *plugin_args],
-        cwd=suite, env=environment, capture_output=True, text=True,
-    )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if completed.returncode != 0:
-        how = "with" if with_plugin else "without"
-        raise RuntimeError(f"{suite.name} ({how} tfmem) failed:\n{completed.stdout[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    drift = {}
-    if drift_file.exists():
-        for line in drift_file.read_text().splitlines():
-            index, mib = line.split()
-            drift[int(index)] = float(mib)
-    return Run(wall, cpu, float(gc_file.read_text()), drift)
+    with open(suite / "output.txt", "wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+             "-p", "benchmarks.gc_clock", *plugin_args],
+            cwd=suite, env=environment, stdout=output, stderr=subprocess.STDOUT,
+        )
+    return Started(suite, with_plugin, process, time.perf_counter())
+
+
+def run_pair(without: Path, with_: Path) -> dict[bool, Run]:
+    """Run the suite without and with tfmem at the same time; each session's wall and CPU time
+    (``os.wait4``: its own and its children's), GC time and drift readings."""
+    sessions = {s.process.pid: s for s in (start_session(without, False), start_session(with_, True))}
+    runs = {}
+    while sessions:
+        pid, status, usage = os.wait4(-1, 0)
+        session = sessions.pop(pid, None)
+        if session is None:
+            continue
+        wall = time.perf_counter() - session.started
+        session.process.returncode = os.waitstatus_to_exitcode(status)
+        if session.process.returncode != 0:
+            how = "with" if session.with_plugin else "without"
+            output = (session.suite / "output.txt").read_text()
+            raise RuntimeError(f"{session.suite.name} ({how} tfmem) failed:\n{output[-3000:]}")
+        drift = {}
+        if (session.suite / "drift.txt").exists():
+            for line in (session.suite / "drift.txt").read_text().splitlines():
+                index, mib = line.split()
+                drift[int(index)] = float(mib)
+        gc_s = float((session.suite / "gc.txt").read_text())
+        runs[session.with_plugin] = Run(wall, usage.ru_utime + usage.ru_stime, gc_s, drift)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="sessions per suite and side (default 3)")
+    parser.add_argument("--repeat", type=int, default=5, help="pairs of sessions per suite (default 5)")
     parser.add_argument("--keras-tests", type=int, default=40, help="tests in the Keras suite (default 40)")
     parser.add_argument("--trivial-tests", type=int, default=300, help="tests in the trivial suites (default 300)")
     parser.add_argument(
         "--output", help="also write the table, with the command and the machine, to this Markdown file"
     )
     args = parser.parse_args(argv)
-    runs: dict[tuple[str, bool], list[Run]] = {}
+    pairs: dict[str, list[dict[bool, Run]]] = {}
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-overhead-") as temporary:
-        suites = write_suites(Path(temporary), args.keras_tests, args.trivial_tests)
+        sides = {side: write_suites(Path(temporary) / name, args.keras_tests, args.trivial_tests)
+                 for side, name in ((False, "without"), (True, "with"))}
         for repetition in range(args.repeat):
-            for name, suite in suites.items():
-                order = (False, True) if repetition % 2 == 0 else (True, False)  # alternate who goes first
-                for with_plugin in order:
-                    print(f"[{repetition + 1}/{args.repeat}] {name} {'with' if with_plugin else 'without'} tfmem",
-                          file=sys.stderr, flush=True)
-                    runs.setdefault((name, with_plugin), []).append(run_session(suite, with_plugin))
+            for name in sides[False]:
+                print(f"[{repetition + 1}/{args.repeat}] {name}, without and with tfmem at once",
+                      file=sys.stderr, flush=True)
+                pairs.setdefault(name, []).append(run_pair(sides[False][name], sides[True][name]))
     tests = {"keras": args.keras_tests, "trivial-tf": args.trivial_tests, "drift": args.trivial_tests}
     rows = []
-    for name in suites:
-        without, with_ = runs[(name, False)], runs[(name, True)]
-        row = {"suite": name, "tests": tests[name]}
+    for name, runs in pairs.items():
+        row: dict = {"suite": name, "tests": tests[name]}
         for key in ("wall_s", "cpu_s", "gc_s"):
-            plain = statistics.median(getattr(r, key) for r in without)
-            measured = statistics.median(getattr(r, key) for r in with_)
-            row[key] = (plain, measured, measured / plain, (measured - plain) / tests[name] * 1000)
+            plain = statistics.median(getattr(pair[False], key) for pair in runs)
+            measured = statistics.median(getattr(pair[True], key) for pair in runs)
+            ratio = statistics.median(getattr(pair[True], key) / getattr(pair[False], key) for pair in runs)
+            extra = statistics.median(getattr(pair[True], key) - getattr(pair[False], key) for pair in runs)
+            row[key] = (plain, measured, ratio, extra / tests[name] * 1000)
+        row["cpu_ratios"] = sorted(pair[True].cpu_s / pair[False].cpu_s for pair in runs)
         if name == "drift":
             last = args.trivial_tests - 1
             row["rss_mib"] = {
                 side: {
-                    "end": statistics.median(r.drift[last] - r.drift[20] for r in rs),
-                    "highest": statistics.median(max(mib for i, mib in r.drift.items() if i >= 20) - r.drift[20]
-                                                 for r in rs),
+                    "end": statistics.median(pair[plugged].drift[last] - pair[plugged].drift[20] for pair in runs),
+                    "highest": statistics.median(
+                        max(mib for i, mib in pair[plugged].drift.items() if i >= 20) - pair[plugged].drift[20]
+                        for pair in runs
+                    ),
                 }
-                for side, rs in (("without", without), ("with", with_))
+                for side, plugged in (("without", False), ("with", True))
             }
         rows.append(row)
     table = render(rows)
@@ -214,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         heading = (
             f"# What measuring every test costs\n\n{machine.written_by('benchmarks/suite_overhead.py', argv)}; "
-            "medians of the repetitions. See the module docstring of `benchmarks/suite_overhead.py`.\n\n"
+            "each suite run without and with tfmem at the same time, medians over the pairs (of the times, "
+            "of each pair's ratio and of each pair's difference). See the module docstring of "
+            "`benchmarks/suite_overhead.py`.\n\n"
         )
         write_text_atomic(args.output, heading + table + "\n")
     return 0
@@ -234,6 +269,10 @@ def render(rows: list[dict]) -> str:
             f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} "
             f"| {collecting[0]:.2f} s | {collecting[1]:.2f} s |"
         )
+    lines.append("")
+    lines.append("Each pair's CPU ratio, lowest to highest: " + "; ".join(
+        f"{row['suite']} " + ", ".join(f"x{ratio:.3f}" for ratio in row["cpu_ratios"]) for row in rows
+    ))
     drift = next((row["rss_mib"] for row in rows if "rss_mib" in row), None)
     if drift is not None:
         lines.append("")

@@ -158,6 +158,14 @@ class Measurement:
         return ()
 
     @property
+    def nvml_interval_s(self) -> float | None:
+        """How often NVML was read in this window, the longest over its GPUs (0: at the start and
+        end only); ``None`` without NVML views. NVML keeps no peak: a shorter one can be missed."""
+        nvml = [v.sampled_every_s for v in self.views if v.view.startswith("nvml:")]
+        intervals = [interval for interval in nvml if interval is not None]
+        return max(intervals) if intervals else None
+
+    @property
     def exact_peak(self) -> int:
         """The larger exact view: host RSS or TF's CPU allocators (see the class docstring)."""
         return max(self.host, self.tf_host)

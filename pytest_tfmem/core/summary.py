@@ -17,12 +17,8 @@ def _use(need: int | None, budget: int | None) -> str:
 
 def _nvml_header(records: Sequence[TestRecord]) -> str:
     """``NVML GPU (every 50 ms)``: NVML keeps no peak, so its column says how it was read."""
-    intervals = {
-        v.sampled_every_s
-        for r in records
-        for v in r.measurement.views  # type: ignore[union-attr]
-        if v.view.startswith("nvml:") and v.sampled_every_s is not None
-    }
+    read = [r.measurement.nvml_interval_s for r in records if r.measurement is not None]
+    intervals = [interval for interval in read if interval is not None]
     if not intervals:
         return "NVML GPU"
     interval = max(intervals)

@@ -119,10 +119,9 @@ def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
 
 def sampling_note(measurement: Measurement) -> str:
     """How often NVML was read, where the GPU figure rests on it (NVML keeps no peak)."""
-    intervals = {v.sampled_every_s for v in measurement.gpu_views() if v.sampled_every_s is not None}
-    if not intervals:
+    interval = measurement.nvml_interval_s
+    if interval is None or measurement.gpu is not None:  # no NVML, or TensorFlow's allocators carry the figure
         return ""
-    interval = max(intervals)
     if interval == 0:
         return "NVML read at the test's start and end only: a peak in between is not seen"
     return f"NVML sampled every {interval * 1000:g} ms: a shorter peak can be missed"
