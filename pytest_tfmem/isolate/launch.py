@@ -1,12 +1,13 @@
 """Starting the process of an isolated test: a fork of the session's template, or a fresh interpreter.
 
-``fork`` (the default): before the first test, a session (each pytest-xdist worker) that will
-isolate a test starts the template (``template.py``), which has pytest, the plugins, the
-initial ``conftest.py`` files and the heavy modules the session uses loaded; each isolated
-test then runs in a fork of it, in a fraction of a second instead of an interpreter's start-up
-plus TensorFlow's import. The template is itself a fork of the session while TensorFlow's
-runtime has not started here (it then costs no import at all), and a fresh interpreter that
-imports them otherwise (a test module that ran TensorFlow ops when it was imported).
+``fork`` (the default): a session (each pytest-xdist worker) that will isolate a test starts
+the template (``template.py``), which has pytest, the plugins, the initial ``conftest.py``
+files and the heavy modules the session uses loaded; each isolated test then runs in a fork
+of it, in a fraction of a second instead of an interpreter's start-up plus TensorFlow's
+import. The template is itself a fork of the session, made before the first test, while
+TensorFlow's runtime has not started here (it then costs no import at all); otherwise (a test
+module that ran TensorFlow ops when it was imported) it is a fresh interpreter that imports
+them, started at the first isolated test.
 ``spawn``: a fresh interpreter per test (``child.py``), as chosen by
 ``--tfmem-isolate-start=spawn``, or where forking is not available or not safe (TensorFlow's
 runtime started in the template, the template failed to start); the reason is given once.

@@ -43,6 +43,7 @@ from pytest_tfmem.isolate.results import (
     reissue_warnings,
     sampled_measurement,
 )
+from pytest_tfmem.isolate.template import fork_unsafe_reason
 from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
 from pytest_tfmem.journal.format import results_path
 from pytest_tfmem.probes import system
@@ -212,12 +213,15 @@ class TfmemIsolation:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
-        """Start the template before the first test, when a test will be isolated: no test has
-        run here yet, so TensorFlow's runtime is started only if importing the tests started it,
-        and the template can be a fork of this process."""
+        """Start the template before the first test, when a test will be isolated and the
+        template can be a fork of this process: no test has run here yet, so TensorFlow's
+        runtime is started only if importing the tests started it. (A template that must be a
+        fresh interpreter starts at the first isolated test: under pytest-xdist a worker may
+        never get one, and such a template costs an import of TensorFlow.)"""
         option = self.config.option
         if (
             self.start_method != FORK
+            or fork_unsafe_reason() is not None
             or getattr(option, "collectonly", False)
             or getattr(option, "setuponly", False)
             or getattr(option, "setupplan", False)

@@ -1,9 +1,9 @@
 """The template: ``main(["SPEC.json"])``, forked once per isolated test.
 
-The session (``launch.py``) starts one template before its first test when a test will be
-isolated (one per pytest-xdist worker): a fork of the session that calls ``main``, or, once
-TensorFlow's runtime started in the session, ``python -m pytest_tfmem.isolate.template
-SPEC.json``. The template runs ``pytest.main`` with the session's own arguments, as a
+The session (``launch.py``) starts one template when a test will be isolated (one per
+pytest-xdist worker): before its first test, a fork of the session that calls ``main``; or,
+where TensorFlow's runtime started in the session, at the first isolated test, ``python -m
+pytest_tfmem.isolate.template SPEC.json``. The template runs ``pytest.main`` with the session's own arguments, as a
 spawned child does (``child.py``), so the rootdir, ini file, initial ``conftest.py`` files,
 plugins and options are the session's; ``pytest_configure`` and ``pytest_sessionstart`` run.
 In a fork of the session, the modules the session imported (``conftest.py`` files, test
@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -105,7 +106,23 @@ class TemplateRun:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> None:
-        """Serve fork requests; return (to pytest's own collection) only in a fork."""
+        """Serve fork requests; return (to pytest's own collection) only in a fork.
+
+        The template itself never goes on to the rest of a pytest session (the session's
+        finish hooks are not its to run): it ends here, quietly once the session has closed the
+        channel, with the error in its log otherwise."""
+        try:
+            self._serve(session.config)
+        except BaseException as error:
+            if self.forked:
+                raise
+            if not isinstance(error, OSError):  # not the channel closing under it
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0 if isinstance(error, OSError) else 1)
+
+    def _serve(self, config: pytest.Config) -> None:
         # Ctrl-C reaches the whole process group: the session stops its test's fork, and the
         # template must stay to report that fork's end.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -134,8 +151,8 @@ class TemplateRun:
                 send(self.channel, {"event": "fork_failed", "error": str(error)})
                 continue
             if pid == 0:
-                self._become_test_process(session.config, spec)
-                return None
+                self._become_test_process(config, spec)
+                return
             send(self.channel, {"event": "forked", "pid": pid})
             _, status = os.waitpid(pid, 0)
             send(self.channel, {"event": "exited", "pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
