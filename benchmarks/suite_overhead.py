@@ -12,6 +12,8 @@ needs at least 2 cores. The ratios are the medians of each pair's ratio:
 
 - ``keras``: small Keras ``fit`` tests (about 1 s each here), half plain functions, half methods
   of a ``tf.test.TestCase`` class;
+- ``keras-steps``: as many shorter Keras tests (about 0.3 s each here), eight eager training
+  steps (``tf.GradientTape``, ``optimizer.apply``) of the same model, functions and methods;
 - ``trivial-tf``: tests that do nothing, in a module that imports TensorFlow and Keras: the
   fixed cost per measured test, with the most objects for the garbage collector to see;
 - ``drift``: trivial tests in a TensorFlow module where each test drops the 1 MiB cyclic object
@@ -81,6 +83,41 @@ METHOD = '''
         self.assertEqual(fit_small_model().count_params(), 577)
 '''
 
+STEPS_MODULE = '''
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+X = np.random.default_rng(0).random((512, 16), dtype=np.float32)
+Y = X.sum(axis=1, keepdims=True)
+
+
+def train_eight_steps():
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam()
+    for step in range(8):
+        batch = slice(step * 64, (step + 1) * 64)
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((model(X[batch]) - Y[batch]) ** 2)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return model
+
+
+@pytest.mark.parametrize("seed", range({functions}))
+def test_steps_function(seed):
+    assert train_eight_steps().count_params() == 577
+
+
+class StepsTest(tf.test.TestCase):
+{methods}
+'''
+
+STEPS_METHOD = '''
+    def test_steps_method_{index}(self):
+        self.assertEqual(train_eight_steps().count_params(), 577)
+'''
+
 TRIVIAL_MODULE = '''
 import pytest
 import tensorflow as tf
@@ -136,13 +173,16 @@ class Run:
 
 
 def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, Path]:
-    suites = {"keras": root / "keras", "trivial-tf": root / "trivial", "drift": root / "drift"}
+    suites = {"keras": root / "keras", "keras-steps": root / "steps", "trivial-tf": root / "trivial",
+              "drift": root / "drift"}
     for path in suites.values():
         path.mkdir(parents=True)
         (path / "pytest.ini").write_text("[pytest]\n")
     functions = keras_tests // 2
     methods = "".join(METHOD.format(index=i) for i in range(keras_tests - functions))
     (suites["keras"] / "test_keras.py").write_text(KERAS_MODULE.format(functions=functions, methods=methods))
+    steps = "".join(STEPS_METHOD.format(index=i) for i in range(keras_tests - functions))
+    (suites["keras-steps"] / "test_steps.py").write_text(STEPS_MODULE.format(functions=functions, methods=steps))
     (suites["trivial-tf"] / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=trivial_tests))
     (suites["drift"] / "test_drift.py").write_text(DRIFT_MODULE.format(count=trivial_tests))
     return suites
@@ -203,7 +243,8 @@ def run_pair(without: Path, with_: Path) -> dict[bool, Run]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="pairs of sessions per suite (default 5)")
-    parser.add_argument("--keras-tests", type=int, default=40, help="tests in the Keras suite (default 40)")
+    parser.add_argument("--keras-tests", type=int, default=40,
+                        help="tests in each Keras suite (default 40)")
     parser.add_argument("--trivial-tests", type=int, default=300, help="tests in the trivial suites (default 300)")
     parser.add_argument(
         "--output", help="also write the table, with the command and the machine, to this Markdown file"
@@ -218,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{repetition + 1}/{args.repeat}] {name}, without and with tfmem at once",
                       file=sys.stderr, flush=True)
                 pairs.setdefault(name, []).append(run_pair(sides[False][name], sides[True][name]))
-    tests = {"keras": args.keras_tests, "trivial-tf": args.trivial_tests, "drift": args.trivial_tests}
+    tests = {"keras": args.keras_tests, "keras-steps": args.keras_tests, "trivial-tf": args.trivial_tests,
+             "drift": args.trivial_tests}
     rows = []
     for name, runs in pairs.items():
         row: dict = {"suite": name, "tests": tests[name]}
