@@ -321,3 +321,40 @@ def test_a_machine_without_nvml_says_so_in_one_line(pytester: pytest.Pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert not [line for line in result.outlines if "no GPU views" in line or "NVML" in line]
+
+
+ISOLATED_GPU_TESTS = """
+import os
+import time
+import unittest
+
+import pynvml
+
+GiB = 2**30
+
+
+def test_function_takes_3GiB_on_gpu_1():
+    pynvml.hold(1, os.getpid(), 3 * GiB)
+    time.sleep(0.2)
+    pynvml.release(1, os.getpid())
+
+
+class GpuTest(unittest.TestCase):
+    def test_method_keeps_3GiB_on_gpu_0(self):
+        pynvml.hold(0, os.getpid(), 3 * GiB)
+"""
+
+
+def test_gpu_views_are_opened_in_each_isolated_fork(pytester: pytest.Pytester):
+    """The session opens no NVML handle before it forks its template; each isolated test's fork
+    opens its own and is matched by its own pid (a function and a TestCase method)."""
+    use_fake_pynvml(pytester)
+    pytester.makepyfile(test_gpu=ISOLATED_GPU_TESTS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tfmem-isolate", "--tfmem-gpu-budget=2GiB", "--tfmem-nvml-interval=0.005"
+    )
+    result.assert_outcomes(failed=2)
+    result.stdout.no_fnmatch_line("*IsolationStartWarning*")  # forks, not spawned interpreters
+    result.stdout.fnmatch_lines(["*GPU peak 3.0 GiB > GPU budget 2.0 GiB (GPU 0 (NVML) 0 B, GPU 1 (NVML) 3.0 GiB)*"])
+    result.stdout.fnmatch_lines(["*GPU peak 3.0 GiB > GPU budget 2.0 GiB (GPU 0 (NVML) 3.0 GiB, GPU 1 (NVML) 0 B)*"])
+    result.stdout.fnmatch_lines(["*tfmem: isolated tests*"])
