@@ -62,39 +62,19 @@ X = np.random.default_rng(0).random((512, 16), dtype=np.float32)
 Y = X.sum(axis=1, keepdims=True)
 
 
+def small_model():
+    return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
+
+
 def fit_small_model():
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
+    model = small_model()
     model.compile("adam", "mse")
     model.fit(X, Y, epochs=2, batch_size=64, verbose=0)
     return model
 
 
-@pytest.mark.parametrize("seed", range({functions}))
-def test_fit_function(seed):
-    assert fit_small_model().count_params() == 577
-
-
-class FitTest(tf.test.TestCase):
-{methods}
-'''
-
-METHOD = '''
-    def test_fit_method_{index}(self):
-        self.assertEqual(fit_small_model().count_params(), 577)
-'''
-
-STEPS_MODULE = '''
-import numpy as np
-import pytest
-import tensorflow as tf
-import keras
-
-X = np.random.default_rng(0).random((512, 16), dtype=np.float32)
-Y = X.sum(axis=1, keepdims=True)
-
-
 def train_eight_steps():
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
+    model = small_model()
     optimizer = keras.optimizers.Adam()
     for step in range(8):
         batch = slice(step * 64, (step + 1) * 64)
@@ -105,18 +85,21 @@ def train_eight_steps():
 
 
 @pytest.mark.parametrize("seed", range({functions}))
-def test_steps_function(seed):
-    assert train_eight_steps().count_params() == 577
+def test_{kind}_function(seed):
+    assert {train}().count_params() == 577
 
 
-class StepsTest(tf.test.TestCase):
+class {kind_class}Test(tf.test.TestCase):
 {methods}
 '''
 
-STEPS_METHOD = '''
-    def test_steps_method_{index}(self):
-        self.assertEqual(train_eight_steps().count_params(), 577)
+METHOD = '''
+    def test_{kind}_method_{index}(self):
+        self.assertEqual({train}().count_params(), 577)
 '''
+
+# The two Keras suites: (name in the tests, what each test runs).
+KERAS_KINDS = {"keras": ("fit", "fit_small_model"), "keras-steps": ("steps", "train_eight_steps")}
 
 TRIVIAL_MODULE = '''
 import pytest
@@ -179,10 +162,11 @@ def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, 
         path.mkdir(parents=True)
         (path / "pytest.ini").write_text("[pytest]\n")
     functions = keras_tests // 2
-    methods = "".join(METHOD.format(index=i) for i in range(keras_tests - functions))
-    (suites["keras"] / "test_keras.py").write_text(KERAS_MODULE.format(functions=functions, methods=methods))
-    steps = "".join(STEPS_METHOD.format(index=i) for i in range(keras_tests - functions))
-    (suites["keras-steps"] / "test_steps.py").write_text(STEPS_MODULE.format(functions=functions, methods=steps))
+    for suite, (kind, train) in KERAS_KINDS.items():
+        methods = "".join(METHOD.format(kind=kind, train=train, index=i) for i in range(keras_tests - functions))
+        module = KERAS_MODULE.format(kind=kind, kind_class=kind.capitalize(), train=train, functions=functions,
+                                     methods=methods)
+        (suites[suite] / f"test_{kind}.py").write_text(module)
     (suites["trivial-tf"] / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=trivial_tests))
     (suites["drift"] / "test_drift.py").write_text(DRIFT_MODULE.format(count=trivial_tests))
     return suites
