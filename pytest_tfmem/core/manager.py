@@ -78,7 +78,7 @@ class TfmemManager:
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
         self._measure_all: bool | None = None
         self._tensorflow_prepared = False
-        self.collector = Collector(host.current_rss, return_freed_heap=host.return_freed_heap)
+        self.collector = Collector(host.current_rss)
         self.marker_keywords: dict[str, Callable[[object, str], Any]] = {}
         for keywords in config.hook.pytest_tfmem_marker_keywords():
             self.marker_keywords.update(keywords)

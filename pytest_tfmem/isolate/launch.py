@@ -136,10 +136,9 @@ class Template:
         self.started = time.monotonic()
         # Forking this process costs no imports; once TensorFlow's runtime started here it is
         # not safe, and a fresh interpreter imports what the session uses without starting it.
-        self.forked_from_session = fork_unsafe_reason() is None
         self.process: subprocess.Popen[bytes] | SessionFork
         with open(self.log, "wb") as output:
-            if self.forked_from_session:
+            if fork_unsafe_reason() is None:
                 self.process = fork_session(workdir / "template.json", output.fileno(), cwd, ours)
             else:
                 self.process = subprocess.Popen(

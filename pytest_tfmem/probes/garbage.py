@@ -27,6 +27,8 @@ import gc
 import time
 from collections.abc import Callable
 
+from pytest_tfmem.probes import host
+
 FULL_AFTER_GROWTH = 32 * 2**20
 FULL_AFTER_GROWTH_SHARE = 0.05
 FULL_TIME_SHARE = 0.02
@@ -39,7 +41,7 @@ class Collector:
         self,
         rss: Callable[[], int],
         clock: Callable[[], float] = time.perf_counter,
-        return_freed_heap: Callable[[], object] = lambda: None,
+        return_freed_heap: Callable[[], object] = host.return_freed_heap,
     ) -> None:
         self._rss = rss
         self._clock = clock
