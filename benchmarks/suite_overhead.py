@@ -5,10 +5,12 @@
 
 Three generated suites, each run as a whole pytest session in a fresh process, without the
 plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test measured) **at the same
-time**, each on one core (TensorFlow's and OpenMP's thread pools set to one thread): on a
-shared machine a busy spell slows both sides of a pair alike, where sessions run one after the
-other meet different spells (back to back, the same suite's time varied by 10-30% here). So it
-needs at least 2 cores. The ratios are the medians of each pair's ratio:
+time**, each pinned to a core of its own (TensorFlow's and OpenMP's thread pools set to one
+thread): on a shared machine a busy spell slows both sides of a pair alike, where sessions run
+one after the other meet different spells (back to back, the same suite's time varied by 10-30%
+here). The two sides swap cores from one pair to the next, so a core that is slower (it takes
+the interrupts, its neighbour on the host is busy) slows each side equally often. So it needs at
+least 2 cores. The ratios are the medians of each pair's ratio:
 
 - ``keras``: small Keras ``fit`` tests (about 1 s each here), half plain functions, half methods
   of a ``tf.test.TestCase`` class;
@@ -60,7 +62,7 @@ import keras
 
 X = np.random.default_rng(0).random((512, 16), dtype=np.float32)
 Y = X.sum(axis=1, keepdims=True)
-
+{prelude}
 
 def small_model():
     return keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
@@ -98,8 +100,16 @@ METHOD = '''
         self.assertEqual({train}().count_params(), 577)
 '''
 
-# The two Keras suites: (name in the tests, what each test runs).
-KERAS_KINDS = {"keras": ("fit", "fit_small_model"), "keras-steps": ("steps", "train_eight_steps")}
+# A tensor made and dropped on import: TensorFlow's pool keeps 64 MiB free for the tests, so each
+# starts with room to hide tensors from RSS, and tfmem samples host and TF memory together.
+POOLED = "tf.ones((16 * 2**20,)).numpy()  # 64 MiB, dropped at once\n"
+
+# The Keras suites: (name in the tests, what each test runs, code run on import).
+KERAS_KINDS = {
+    "keras": ("fit", "fit_small_model", ""),
+    "keras-steps": ("steps", "train_eight_steps", ""),
+    "keras-steps-pooled": ("pooled", "train_eight_steps", POOLED),
+}
 
 TRIVIAL_MODULE = '''
 import pytest
@@ -156,16 +166,16 @@ class Run:
 
 
 def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, Path]:
-    suites = {"keras": root / "keras", "keras-steps": root / "steps", "trivial-tf": root / "trivial",
-              "drift": root / "drift"}
+    suites = {"keras": root / "keras", "keras-steps": root / "steps", "keras-steps-pooled": root / "pooled",
+              "trivial-tf": root / "trivial", "drift": root / "drift"}
     for path in suites.values():
         path.mkdir(parents=True)
         (path / "pytest.ini").write_text("[pytest]\n")
     functions = keras_tests // 2
-    for suite, (kind, train) in KERAS_KINDS.items():
+    for suite, (kind, train, prelude) in KERAS_KINDS.items():
         methods = "".join(METHOD.format(kind=kind, train=train, index=i) for i in range(keras_tests - functions))
         module = KERAS_MODULE.format(kind=kind, kind_class=kind.capitalize(), train=train, functions=functions,
-                                     methods=methods)
+                                     methods=methods, prelude=prelude)
         (suites[suite] / f"test_{kind}.py").write_text(module)
     (suites["trivial-tf"] / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=trivial_tests))
     (suites["drift"] / "test_drift.py").write_text(DRIFT_MODULE.format(count=trivial_tests))
@@ -182,7 +192,7 @@ class Started:
     started: float
 
 
-def start_session(suite: Path, with_plugin: bool) -> Started:
+def start_session(suite: Path, with_plugin: bool, core: int) -> Started:
     for name in ("drift.txt", "gc.txt"):
         (suite / name).unlink(missing_ok=True)
     plugin_args = ["--tfmem-budget=4GB"] if with_plugin else ["-p", "no:tfmem"]
@@ -194,14 +204,24 @@ def start_session(suite: Path, with_plugin: bool) -> Started:
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
              "-p", "benchmarks.gc_clock", *plugin_args],
             cwd=suite, env=environment, stdout=output, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.sched_setaffinity(0, {core}),
         )
     return Started(suite, with_plugin, process, time.perf_counter())
 
 
-def run_pair(without: Path, with_: Path) -> dict[bool, Run]:
-    """Run the suite without and with tfmem at the same time; each session's wall and CPU time
-    (``os.wait4``: its own and its children's), GC time and drift readings."""
-    sessions = {s.process.pid: s for s in (start_session(without, False), start_session(with_, True))}
+def two_cores() -> tuple[int, int]:
+    """The first two cores this process may run on."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"suite_overhead.py runs two sessions at once, one per core: this process may use {cores}")
+    return cores[0], cores[1]
+
+
+def run_pair(without: Path, with_: Path, cores: tuple[int, int]) -> dict[bool, Run]:
+    """Run the suite without and with tfmem at the same time, on ``cores`` (without, with); each
+    session's wall and CPU time (``os.wait4``: its own and its children's), GC time and drift readings."""
+    sessions = {s.process.pid: s for s in (start_session(without, False, cores[0]),
+                                             start_session(with_, True, cores[1]))}
     runs = {}
     while sessions:
         pid, status, usage = os.wait4(-1, 0)
@@ -235,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     pairs: dict[str, list[dict[bool, Run]]] = {}
+    first, second = two_cores()
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-overhead-") as temporary:
         sides = {side: write_suites(Path(temporary) / name, args.keras_tests, args.trivial_tests)
                  for side, name in ((False, "without"), (True, "with"))}
@@ -242,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in sides[False]:
                 print(f"[{repetition + 1}/{args.repeat}] {name}, without and with tfmem at once",
                       file=sys.stderr, flush=True)
-                pairs.setdefault(name, []).append(run_pair(sides[False][name], sides[True][name]))
-    tests = {"keras": args.keras_tests, "keras-steps": args.keras_tests, "trivial-tf": args.trivial_tests,
+                cores = (first, second) if repetition % 2 == 0 else (second, first)
+                pairs.setdefault(name, []).append(run_pair(sides[False][name], sides[True][name], cores))
+    tests = {**dict.fromkeys(KERAS_KINDS, args.keras_tests), "trivial-tf": args.trivial_tests,
              "drift": args.trivial_tests}
     rows = []
     for name, runs in pairs.items():

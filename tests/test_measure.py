@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
+from pytest_tfmem.core.measure import MIXED_MARGIN, Measurement, PeakTracker, ViewReading
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.mixed import MixedSampler
 
@@ -117,6 +118,19 @@ def test_the_mixed_sampler_adds_host_memory_outside_the_pool_to_the_tensors_in_u
     assert 395 * MIB <= reading.peak <= 410 * MIB, reading
     assert reading.pool_growth == 0 and reading.samples >= 1
     del block
+
+
+def test_the_mixed_sampler_starts_only_where_the_pool_has_more_than_the_margin_free():
+    """With 4 MiB free in the pool the sampled figure exceeds the RSS increase by at most 4 MiB,
+    never enough to be the headline: no thread is started. With more free, it samples."""
+    allocator = ScriptedAllocator(in_use=100 * MIB, pool=104 * MIB)
+    sampler = MixedSampler(allocator, interval_s=0.001)  # type: ignore[arg-type]
+    assert not sampler.arm(min_room=MIXED_MARGIN)
+    assert "tfmem-mixed-sampler" not in {thread.name for thread in threading.enumerate()}
+    allocator.pool_estimate = 105 * MIB
+    assert sampler.arm(min_room=MIXED_MARGIN)
+    assert "tfmem-mixed-sampler" in {thread.name for thread in threading.enumerate()}
+    assert sampler.disarm().samples >= 1
 
 
 def test_swapped_memory_is_read_from_vmswap(tmp_path):

@@ -274,9 +274,10 @@ class Monitor:
         if self.release_first:
             host.release_freed_memory(self.collect)
         self._windows = [(tracker, tracker.open()) for tracker in (*probes().trackers(), *self.trackers)]
-        self._mixed = probes().mixed_sampler() if self.sample_mixed else None
-        if self._mixed is not None:
-            self._mixed.arm()
+        sampler = probes().mixed_sampler() if self.sample_mixed else None
+        # With no more than the margin free in TensorFlow's pool, the sampled figure could never
+        # be the headline (see ``MixedSampler.arm``): nothing to sample.
+        self._mixed = sampler if sampler is not None and sampler.arm(min_room=MIXED_MARGIN) else None
         self._t0 = time.perf_counter()
         return self
 

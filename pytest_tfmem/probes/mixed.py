@@ -70,16 +70,27 @@ class MixedSampler:
             return False
         return True
 
-    def arm(self) -> None:
-        """Start a window from the levels now (after the exact views were reset)."""
+    def arm(self, min_room: int = 0) -> bool:
+        """Start a window from the levels now (after the exact views were reset), if TensorFlow's
+        pool has more than ``min_room`` bytes free; return whether it started.
+
+        The window's figure exceeds the RSS increase by at most the pool's free memory at the
+        start: tensors beyond it grow the pool, and RSS with it. A caller that needs the figure
+        only where it exceeds the exact views by a margin passes the margin, and a window that
+        could not exceed it costs no thread and no readings.
+        """
         with self._lock:
-            self._start_in_use = self.allocator.current()
+            start_in_use = self.allocator.current()
+            if self.allocator.pool_estimate - start_in_use <= min_room:
+                return False
+            self._start_in_use = start_in_use
             self._start_pool = self.allocator.pool_estimate
             self._start_host = host.current_rss()
             self._peak = 0
             self._samples = 0
             self._armed.set()
         self._sampler = Sampler(self._sample_in_background, self.interval_s, "tfmem-mixed-sampler").start()
+        return True
 
     def reading(self) -> MixedReading:
         """The window so far (with one last sample)."""
