@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.probes.garbage import FULL_AFTER_GROWTH, Collector
+from pytest_tfmem.probes.garbage import FULL_AFTER_GROWTH, MAX_ALLOWANCE_FACTOR, Collector
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 if str(REPOSITORY) not in sys.path:  # benchmarks/ sits beside the package, it is not installed
@@ -51,7 +51,7 @@ def test_full_first_then_young_then_full_after_growth_or_time(thawed: None) -> N
     collector.collect()
     assert collector.full_collections == 2
 
-    clock.now += 3600  # long enough for any cost of the last full collection at a 2% share
+    clock.now += 3600  # long enough for any cost of the last full collection at a 1% share
     collector.collect()
     assert collector.full_collections == 3
 
@@ -69,6 +69,37 @@ def test_the_level_after_a_full_collection_is_read_once_the_freed_heap_is_return
     rss[0] += 60 * MIB  # 1000 MiB in all, but 60 MiB above the level after the full collection
     collector.collect()
     assert collector.full_collections == 2
+
+
+def test_growth_that_a_full_collection_does_not_give_back_doubles_the_allowance(thawed: None) -> None:
+    """RSS that grows with live memory (a suite's caches) asks for full collections that free
+    nothing: each one doubles the growth the next waits for, up to a cap. A full collection that
+    gives back half the growth or more (garbage) resets it."""
+    rss, garbage = [100 * MIB], [0]  # 5% of 100 MiB is under FULL_AFTER_GROWTH: the allowance starts at 32 MiB
+
+    def return_freed_heap() -> None:  # what a full collection freed goes back to the OS
+        rss[0] -= garbage[0]
+        garbage[0] = 0
+
+    collector = Collector(lambda: rss[0], Clock(), return_freed_heap)
+    collector.collect()
+    thresholds = []
+    for _ in range(4):
+        grown = 0
+        while collector.full_collections == len(thresholds) + 1:
+            rss[0] += MIB  # live: no full collection gives it back
+            grown += MIB
+            collector.collect()
+        thresholds.append(grown // MIB)
+    base = FULL_AFTER_GROWTH // MIB
+    assert thresholds == [base, 2 * base, 4 * base, MAX_ALLOWANCE_FACTOR * base]
+
+    rss[0] += MAX_ALLOWANCE_FACTOR * FULL_AFTER_GROWTH
+    garbage[0] = MAX_ALLOWANCE_FACTOR * FULL_AFTER_GROWTH  # this time the growth is garbage
+    collector.collect()
+    rss[0] += FULL_AFTER_GROWTH
+    collector.collect()  # back to the smallest allowance
+    assert collector.full_collections == len(thresholds) + 3
 
 
 def test_frozen_cyclic_garbage_waits_for_a_full_collection(thawed: None) -> None:

@@ -11,12 +11,19 @@ later is not collected by those cheap collections. Its memory stays allocated (i
 reused, so no later figure reads low), but it is not reclaimed either. A full collection
 (``gc.unfreeze()``, ``gc.collect()``, freeze again) reclaims it, and runs when either
 
-- the process's RSS at a window's start has grown by ``FULL_AFTER_GROWTH`` (or by
-  ``FULL_AFTER_GROWTH_SHARE`` of the RSS at the last full collection, whichever is larger)
-  since the last full collection: frozen garbage can cost at most about that much memory; or
+- the process's RSS at a window's start has grown by the *allowance* since the last full
+  collection: frozen garbage can cost at most about that much memory. The allowance is
+  ``FULL_AFTER_GROWTH`` (or ``FULL_AFTER_GROWTH_SHARE`` of the RSS at the last full collection,
+  whichever is larger). A full collection that the growth asked for but that gave back less
+  than half of it shows live memory growing (caches, a suite's data), not garbage: the
+  allowance doubles, up to ``MAX_ALLOWANCE_FACTOR`` times, and a collection that gives back
+  half or more resets it. Where RSS grows with live memory, full collections (a quarter of a
+  second each with TensorFlow and Keras loaded) then do not run every few tests for nothing;
+  where garbage is what grows, the allowance stays at its smallest; or
 - the time since the last full collection has reached ``1 / FULL_TIME_SHARE`` times what the
-  last one cost: full collections take at most ~2% of the session's time, and a finaliser
-  (``__del__``) of frozen garbage runs at most that long after its object died.
+  last one cost: full collections take at most ~1% of the session's time, and a finaliser
+  (``__del__``) of frozen garbage runs at most that long after its object died (about as
+  often as Python's own full collections run in a Keras suite without tfmem).
 
 ``thaw()`` lifts the freeze for good (end of the session).
 """
@@ -31,7 +38,8 @@ from pytest_tfmem.probes import host
 
 FULL_AFTER_GROWTH = 32 * 2**20
 FULL_AFTER_GROWTH_SHARE = 0.05
-FULL_TIME_SHARE = 0.02
+MAX_ALLOWANCE_FACTOR = 4
+FULL_TIME_SHARE = 0.01
 
 
 class Collector:
@@ -52,33 +60,44 @@ class Collector:
         self._full_at: float | None = None  # when the last full collection ended
         self._full_cost = 0.0
         self._rss_after_full = 0
+        self._allowance_factor = 1
         self.full_collections = 0
         self.young_collections = 0
 
-    def _full_due(self) -> bool:
-        if self._full_at is None:  # (not gc.get_freeze_count(): it counts the frozen objects, ~30 ms)
-            return True
-        allowed_growth = max(FULL_AFTER_GROWTH, int(self._rss_after_full * FULL_AFTER_GROWTH_SHARE))
-        if self._rss() - self._rss_after_full >= allowed_growth:
-            return True
-        return (self._clock() - self._full_at) * FULL_TIME_SHARE > self._full_cost
+    def _allowance(self) -> int:
+        """RSS growth since the last full collection that makes the next one due (module docstring)."""
+        base = max(FULL_AFTER_GROWTH, int(self._rss_after_full * FULL_AFTER_GROWTH_SHARE))
+        return base * self._allowance_factor
 
     def collect(self) -> None:
         """Collect garbage, full or young, and freeze what survived."""
-        if self._full_due():
-            started = self._clock()
-            gc.unfreeze()
-            gc.collect()
-            gc.freeze()
-            self._full_at = self._clock()
-            self._full_cost = self._full_at - started
-            self._return_freed_heap()
-            self._rss_after_full = self._rss()
-            self.full_collections += 1
+        if self._full_at is None:  # (not gc.get_freeze_count(): it counts the frozen objects, ~30 ms)
+            self._collect_full()
+            return
+        rss = self._rss()
+        grown = rss - self._rss_after_full
+        if grown >= self._allowance():
+            self._collect_full()
+            given_back = rss - self._rss_after_full
+            live = given_back < grown / 2
+            self._allowance_factor = min(self._allowance_factor * 2, MAX_ALLOWANCE_FACTOR) if live else 1
+        elif (self._clock() - self._full_at) * FULL_TIME_SHARE > self._full_cost:
+            self._collect_full()
         else:
             gc.collect()
             gc.freeze()
             self.young_collections += 1
+
+    def _collect_full(self) -> None:
+        started = self._clock()
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        self._full_at = self._clock()
+        self._full_cost = self._full_at - started
+        self._return_freed_heap()
+        self._rss_after_full = self._rss()
+        self.full_collections += 1
 
     def assume_full(self, cost: float) -> None:
         """Count a full collection and freeze just made elsewhere as this collector's last
