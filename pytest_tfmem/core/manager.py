@@ -243,7 +243,7 @@ class TfmemManager:
                 terminalreporter.write_line(f"  {nodeid}: {why}")
 
     def pytest_unconfigure(self) -> None:
-        if self.collector.full_collections:
+        if self.collector.freezing:
             self.collector.thaw()
 
 

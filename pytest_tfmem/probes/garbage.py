@@ -6,6 +6,11 @@ cycles is freed (and then handed back to the OS) instead of being reused unseen.
 takes 0.14-0.25 s of CPU: more than many tests. So after each collection the survivors are
 frozen (``gc.freeze()``) and the next collection traverses only objects created since.
 
+The first window does not collect in full either: it collects the young generations and
+freezes everything. Python's own full collections ran while TensorFlow and Keras were
+imported, so little of what is frozen then is garbage, and that little is held (not reused)
+until the first full collection below.
+
 The price of freezing: an object alive when one window opened that becomes cyclic garbage
 later is not collected by those cheap collections. Its memory stays allocated (it is not
 reused, so no later figure reads low), but it is not reclaimed either. A full collection
@@ -20,10 +25,11 @@ reused, so no later figure reads low), but it is not reclaimed either. A full co
   half or more resets it. Where RSS grows with live memory, full collections (a quarter of a
   second each with TensorFlow and Keras loaded) then do not run every few tests for nothing;
   where garbage is what grows, the allowance stays at its smallest; or
-- the time since the last full collection has reached ``1 / FULL_TIME_SHARE`` times what the
-  last one cost: full collections take at most ~1% of the session's time, and a finaliser
-  (``__del__``) of frozen garbage runs at most that long after its object died (about as
-  often as Python's own full collections run in a Keras suite without tfmem).
+- the time since the last full collection (or the first freeze) has reached
+  ``1 / FULL_TIME_SHARE`` times what the last one cost (``ASSUMED_FULL_COST`` before the first):
+  full collections take at most ~1% of the session's time, and a finaliser (``__del__``) of
+  frozen garbage runs at most that long after its object died (about as often as Python's own
+  full collections run in a Keras suite without tfmem).
 
 ``thaw()`` lifts the freeze for good (end of the session).
 """
@@ -40,6 +46,7 @@ FULL_AFTER_GROWTH = 32 * 2**20
 FULL_AFTER_GROWTH_SHARE = 0.05
 MAX_ALLOWANCE_FACTOR = 4
 FULL_TIME_SHARE = 0.01
+ASSUMED_FULL_COST = 0.25  # seconds: a full collection with TensorFlow and Keras loaded
 
 
 class Collector:
@@ -57,7 +64,7 @@ class Collector:
         # read before, it would include the garbage just freed, and the next full collection
         # would wait for that much more growth.
         self._return_freed_heap = return_freed_heap
-        self._full_at: float | None = None  # when the last full collection ended
+        self._full_at: float | None = None  # when the last full collection (or the first freeze) ended
         self._full_cost = 0.0
         self._rss_after_full = 0
         self._allowance_factor = 1
@@ -72,7 +79,7 @@ class Collector:
     def collect(self) -> None:
         """Collect garbage, full or young, and freeze what survived."""
         if self._full_at is None:  # (not gc.get_freeze_count(): it counts the frozen objects, ~30 ms)
-            self._collect_full()
+            self._freeze_first()
             return
         rss = self._rss()
         grown = rss - self._rss_after_full
@@ -87,6 +94,20 @@ class Collector:
             gc.collect()
             gc.freeze()
             self.young_collections += 1
+
+    @property
+    def freezing(self) -> bool:
+        """Objects were frozen and ``thaw()`` has not given them back yet."""
+        return self._full_at is not None
+
+    def _freeze_first(self) -> None:
+        gc.collect(1)
+        gc.freeze()
+        self._full_at = self._clock()
+        self._full_cost = ASSUMED_FULL_COST
+        self._return_freed_heap()
+        self._rss_after_full = self._rss()
+        self.young_collections += 1
 
     def _collect_full(self) -> None:
         started = self._clock()
