@@ -1,16 +1,17 @@
 """What measuring every test costs a real TensorFlow suite: with and without pytest-tfmem, in one run.
 
-    python benchmarks/suite_overhead.py                  # about 8 minutes on 2 cores
+    python benchmarks/suite_overhead.py                  # about 9 minutes on 2 cores
     python benchmarks/suite_overhead.py --repeat 1 --keras-tests 10 --trivial-tests 100
 
-Three generated suites, each run as a whole pytest session in a fresh process, without the
-plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test measured) **at the same
-time**, each pinned to a core of its own (TensorFlow's and OpenMP's thread pools set to one
-thread): on a shared machine a busy spell slows both sides of a pair alike, where sessions run
-one after the other meet different spells (back to back, the same suite's time varied by 10-30%
-here). The two sides swap cores from one pair to the next, so a core that is slower (it takes
-the interrupts, its neighbour on the host is busy) slows each side equally often. So it needs at
-least 2 cores. The ratios are the medians of each pair's ratio:
+Generated suites, each run as a whole pytest session in a fresh process, without the plugin
+(``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test measured) **at the same time, on
+the same core** (both pinned to it; TensorFlow's and OpenMP's thread pools set to one thread).
+The two sessions take turns on the core every few milliseconds, so whatever slows the core (a
+busy neighbour on a shared host, interrupts) slows both alike: the ratio of their CPU times is
+what tfmem adds. Run one after the other, the same session's CPU time varied by 10-30% on this
+machine; on two cores at once, pair ratios still ranged over +-5%; on one core, two sessions
+without tfmem read within 0.2% of each other. As many pairs run at once as there are cores, one
+pair per core. The ratios are the medians of each pair's ratio:
 
 - ``keras``: small Keras ``fit`` tests (about 1 s each here), half plain functions, half methods
   of a ``tf.test.TestCase`` class;
@@ -22,8 +23,9 @@ least 2 cores. The ratios are the medians of each pair's ratio:
   the test before it made, and makes its own: garbage that only a full collection finds. The
   RSS every 20 tests, from test 20 to the last, shows whether such memory is reclaimed.
 
-Wall time is the session's (``time.perf_counter`` around the process); CPU time is the
-process's user + system time (``os.wait4``); GC is the CPU time spent collecting
+CPU time is the process's user + system time (``os.wait4``); the tests are single-threaded,
+so alone on a core a session's wall time is about its CPU time (sharing a core, it is about
+twice that, and not reported). GC is the CPU time spent collecting
 garbage, Python's own collections and tfmem's (``benchmarks/gc_clock.py``, loaded on both sides):
 tfmem's collections before each test stand in for much of what Python would collect anyway.
 "Extra per test" is the median of the pairs' differences divided by the tests.
@@ -33,11 +35,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,7 +161,6 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class Run:
-    wall_s: float
     cpu_s: float
     gc_s: float  # CPU time in garbage collection, Python's own and tfmem's (``gc_clock``)
     drift: dict[int, float]
@@ -184,12 +185,12 @@ def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, 
 
 @dataclass
 class Started:
-    """A session running in the background: its process, its start, its files."""
+    """A session running in the background: its process, the core it runs on, its files."""
 
     suite: Path
     with_plugin: bool
+    core: int
     process: subprocess.Popen[bytes]
-    started: float
 
 
 def start_session(suite: Path, with_plugin: bool, core: int) -> Started:
@@ -206,42 +207,50 @@ def start_session(suite: Path, with_plugin: bool, core: int) -> Started:
             cwd=suite, env=environment, stdout=output, stderr=subprocess.STDOUT,
             preexec_fn=lambda: os.sched_setaffinity(0, {core}),
         )
-    return Started(suite, with_plugin, process, time.perf_counter())
+    return Started(suite, with_plugin, core, process)
 
 
-def two_cores() -> tuple[int, int]:
-    """The first two cores this process may run on."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        raise SystemExit(f"suite_overhead.py runs two sessions at once, one per core: this process may use {cores}")
-    return cores[0], cores[1]
+def finished_run(session: Started, status: int, usage: resource.struct_rusage) -> Run:
+    """A session's CPU time (``os.wait4``: its own and its children's), GC time and drift readings."""
+    session.process.returncode = os.waitstatus_to_exitcode(status)
+    if session.process.returncode != 0:
+        how = "with" if session.with_plugin else "without"
+        output = (session.suite / "output.txt").read_text()
+        raise RuntimeError(f"{session.suite.name} ({how} tfmem) failed:\n{output[-3000:]}")
+    drift = {}
+    if (session.suite / "drift.txt").exists():
+        for line in (session.suite / "drift.txt").read_text().splitlines():
+            index, mib = line.split()
+            drift[int(index)] = float(mib)
+    gc_s = float((session.suite / "gc.txt").read_text())
+    return Run(usage.ru_utime + usage.ru_stime, gc_s, drift)
 
 
-def run_pair(without: Path, with_: Path, cores: tuple[int, int]) -> dict[bool, Run]:
-    """Run the suite without and with tfmem at the same time, on ``cores`` (without, with); each
-    session's wall and CPU time (``os.wait4``: its own and its children's), GC time and drift readings."""
-    sessions = {s.process.pid: s for s in (start_session(without, False, cores[0]),
-                                             start_session(with_, True, cores[1]))}
-    runs = {}
-    while sessions:
+def run_pairs(jobs: list[str], suites: dict[int, dict[bool, dict[str, Path]]]) -> dict[str, list[dict[bool, Run]]]:
+    """Run each job (a suite's name) as a pair, without and with tfmem, on one core; as many
+    pairs at once as there are cores. ``suites``: each core's copies of the suites, by side."""
+    pending, free = list(jobs), sorted(suites)
+    sessions: dict[int, Started] = {}  # by pid
+    on_core: dict[int, tuple[str, dict[bool, Run]]] = {}  # the pair each busy core runs, its runs so far
+    pairs: dict[str, list[dict[bool, Run]]] = {}
+    while pending or sessions:
+        while pending and free:
+            core, name = free.pop(0), pending.pop(0)
+            print(f"[{len(jobs) - len(pending)}/{len(jobs)}] {name}, without and with tfmem on core {core}",
+                  file=sys.stderr, flush=True)
+            on_core[core] = (name, {})
+            for with_plugin in (False, True):
+                session = start_session(suites[core][with_plugin][name], with_plugin, core)
+                sessions[session.process.pid] = session
         pid, status, usage = os.wait4(-1, 0)
-        session = sessions.pop(pid, None)
-        if session is None:
-            continue
-        wall = time.perf_counter() - session.started
-        session.process.returncode = os.waitstatus_to_exitcode(status)
-        if session.process.returncode != 0:
-            how = "with" if session.with_plugin else "without"
-            output = (session.suite / "output.txt").read_text()
-            raise RuntimeError(f"{session.suite.name} ({how} tfmem) failed:\n{output[-3000:]}")
-        drift = {}
-        if (session.suite / "drift.txt").exists():
-            for line in (session.suite / "drift.txt").read_text().splitlines():
-                index, mib = line.split()
-                drift[int(index)] = float(mib)
-        gc_s = float((session.suite / "gc.txt").read_text())
-        runs[session.with_plugin] = Run(wall, usage.ru_utime + usage.ru_stime, gc_s, drift)
-    return runs
+        session = sessions.pop(pid)
+        name, runs = on_core[session.core]
+        runs[session.with_plugin] = finished_run(session, status, usage)
+        if len(runs) == 2:
+            pairs.setdefault(name, []).append(runs)
+            del on_core[session.core]
+            free.append(session.core)
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,23 +263,22 @@ def main(argv: list[str] | None = None) -> int:
         "--output", help="also write the table, with the command and the machine, to this Markdown file"
     )
     args = parser.parse_args(argv)
-    pairs: dict[str, list[dict[bool, Run]]] = {}
-    first, second = two_cores()
+    cores = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-overhead-") as temporary:
-        sides = {side: write_suites(Path(temporary) / name, args.keras_tests, args.trivial_tests)
-                 for side, name in ((False, "without"), (True, "with"))}
-        for repetition in range(args.repeat):
-            for name in sides[False]:
-                print(f"[{repetition + 1}/{args.repeat}] {name}, without and with tfmem at once",
-                      file=sys.stderr, flush=True)
-                cores = (first, second) if repetition % 2 == 0 else (second, first)
-                pairs.setdefault(name, []).append(run_pair(sides[False][name], sides[True][name], cores))
+        suites = {
+            core: {side: write_suites(Path(temporary) / f"core{core}-{name}", args.keras_tests, args.trivial_tests)
+                   for side, name in ((False, "without"), (True, "with"))}
+            for core in cores
+        }
+        names = list(suites[cores[0]][False])
+        pairs = run_pairs([name for _ in range(args.repeat) for name in names], suites)
     tests = {**dict.fromkeys(KERAS_KINDS, args.keras_tests), "trivial-tf": args.trivial_tests,
              "drift": args.trivial_tests}
     rows = []
-    for name, runs in pairs.items():
+    for name in names:
+        runs = pairs[name]
         row: dict = {"suite": name, "tests": tests[name]}
-        for key in ("wall_s", "cpu_s", "gc_s"):
+        for key in ("cpu_s", "gc_s"):
             plain = statistics.median(getattr(pair[False], key) for pair in runs)
             measured = statistics.median(getattr(pair[True], key) for pair in runs)
             ratio = statistics.median(getattr(pair[True], key) / getattr(pair[False], key) for pair in runs)
@@ -305,16 +313,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| suite | tests | wall without | wall with | ratio | extra per test | CPU without | CPU with | ratio "
-        "| GC without | GC with |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| suite | tests | CPU without | CPU with | ratio | extra per test | GC without | GC with |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        wall, cpu, collecting = row["wall_s"], row["cpu_s"], row["gc_s"]
+        cpu, collecting = row["cpu_s"], row["gc_s"]
         lines.append(
             f"| {row['suite']} | {row['tests']} "
-            f"| {wall[0]:.2f} s | {wall[1]:.2f} s | x{wall[2]:.3f} | {wall[3]:+.1f} ms "
-            f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} "
+            f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} | {cpu[3]:+.1f} ms "
             f"| {collecting[0]:.2f} s | {collecting[1]:.2f} s |"
         )
     lines.append("")
