@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         heading = (
             f"# What measuring every test costs\n\n{machine.written_by('benchmarks/suite_overhead.py', argv)}; "
-            "each suite run without and with tfmem at the same time, medians over the pairs (of the times, "
+            "each suite run without and with tfmem at the same time on one core, medians over the pairs (of the times, "
             "of each pair's ratio and of each pair's difference). See the module docstring of "
             "`benchmarks/suite_overhead.py`.\n\n"
         )
