@@ -17,8 +17,8 @@ reused, so no later figure reads low), but it is not reclaimed either. A full co
 (``gc.unfreeze()``, ``gc.collect()``, freeze again) reclaims it, and runs when either
 
 - the process's RSS at a window's start has grown by the *allowance* since the last full
-  collection: frozen garbage can cost at most about that much memory. The allowance is
-  ``FULL_AFTER_GROWTH`` (or ``FULL_AFTER_GROWTH_SHARE`` of the RSS at the last full collection,
+  collection (or the first freeze): frozen garbage can cost at most about that much memory.
+  The allowance is ``FULL_AFTER_GROWTH`` (or ``FULL_AFTER_GROWTH_SHARE`` of the RSS then,
   whichever is larger). A full collection that the growth asked for but that gave back less
   than half of it shows live memory growing (caches, a suite's data), not garbage: the
   allowance doubles, up to ``MAX_ALLOWANCE_FACTOR`` times, and a collection that gives back
