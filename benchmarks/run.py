@@ -189,7 +189,9 @@ ready: what a tool does before and after the body counts (pytest-memray reads it
 at report time); imports, collection and fixtures do not. CPU time is user + system time over
 the same span, of the process and the children it waited for (memory_profiler's sampler). The
 cost pytest-tfmem adds is per test, not proportional to it, so a short test shows it as a larger
-share; `benchmarks/suite_overhead.py` measures it on whole suites
+share. The contenders' sessions run one after another, a few tests each, so on a shared machine
+these times move by tens of percent from run to run; `benchmarks/suite_overhead.py` runs whole
+suites without and with pytest-tfmem at once on one core, and its ratios are the cost to go by
 ([suite-overhead.md](suite-overhead.md)).""",
     "spike": """\
 **Spike.** `np.ones(250 MB)` held 5 ms, once per test. A run counts when the reported peak is
