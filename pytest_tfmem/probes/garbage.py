@@ -103,10 +103,8 @@ class Collector:
     def _freeze_first(self) -> None:
         gc.collect(1)
         gc.freeze()
-        self._full_at = self._clock()
-        self._full_cost = ASSUMED_FULL_COST
         self._return_freed_heap()
-        self._rss_after_full = self._rss()
+        self.assume_full(ASSUMED_FULL_COST)
         self.young_collections += 1
 
     def _collect_full(self) -> None:
@@ -114,15 +112,15 @@ class Collector:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
-        self._full_at = self._clock()
-        self._full_cost = self._full_at - started
+        cost = self._clock() - started
         self._return_freed_heap()
-        self._rss_after_full = self._rss()
+        self.assume_full(cost)
         self.full_collections += 1
 
     def assume_full(self, cost: float) -> None:
-        """Count a full collection and freeze just made elsewhere as this collector's last
-        (one a template process made, taking ``cost`` seconds, before it forked this one)."""
+        """Count from now, as after a full collection and freeze that took ``cost`` seconds: the
+        growth and time rules start over (after one here, or one a template process made before
+        it forked this one). Read once the freed heap went back to the OS."""
         self._full_at = self._clock()
         self._full_cost = cost
         self._rss_after_full = self._rss()
