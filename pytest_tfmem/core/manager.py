@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from pytest_tfmem import hookspecs
-from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core import attempts, processes, settings
 from pytest_tfmem.core.fixture import TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
+from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import failure_for
@@ -79,6 +80,8 @@ class TfmemManager:
         self._measure_all: bool | None = None
         self._tensorflow_prepared = False
         self.collector = Collector(host.current_rss)
+        self.subtests = SubtestWindows(self.trackers)
+        self.first_reruns = attempts.FirstReruns()
         self.marker_keywords: dict[str, Callable[[object, str], Any]] = {}
         for keywords in config.hook.pytest_tfmem_marker_keywords():
             self.marker_keywords.update(keywords)
@@ -121,9 +124,15 @@ class TfmemManager:
         if self.settings.tf_warmup:
             tf_probe.start_runtime(tf)
 
-    def finish(self, item: pytest.Item, measurement: Measurement, error: BaseException | None) -> TestRecord:
+    def finish(
+        self,
+        item: pytest.Item,
+        measurement: Measurement,
+        error: BaseException | None,
+        subtests: list[SubtestFigure] | None = None,
+    ) -> TestRecord:
         """Apply the checks to a measurement and attach the record to the item's report."""
-        record = TestRecord(item.nodeid, measurement, budget=self.budget_for(item))
+        record = TestRecord(item.nodeid, measurement, budget=self.budget_for(item), subtests=subtests or [])
         verdicts: list[Verdict | None] = [check_budget(measurement, record.budget)]
         verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record, error=error)
         record.verdicts = [v for v in verdicts if v is not None]
@@ -153,7 +162,10 @@ class TfmemManager:
         self.prepare_tensorflow()
         monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
         item.stash[MONITOR] = monitor
+        if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
+            del item.stash[RECORD]
         monitor.start()
+        self.subtests.begin(item.nodeid)
         try:
             yield
         except BaseException as raised:
@@ -165,7 +177,8 @@ class TfmemManager:
     def _after_call(self, item: pytest.Item, monitor: Monitor, error: BaseException | None) -> TestRecord:
         """Close the window, check the figures; after a memory failure, the one re-run."""
         del item.stash[MONITOR]
-        record = self.finish(item, monitor.stop(), error)
+        subtests = self.subtests.end(item.nodeid)
+        record = self.finish(item, monitor.stop(), error, subtests)
         interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception))
         if record.failed_verdicts and not interrupted:
             self.rerun_after_memory_failure(item, record)
@@ -176,6 +189,17 @@ class TfmemManager:
         wanted = tuple(label for label in self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record) if label)
         if not wanted:
             return
+        earlier = self.first_reruns.earlier(item.nodeid)
+        if earlier is not None:
+            record.extra.update(earlier)
+            shown = " and the ".join(wanted)
+            record.notes.append(
+                f"not re-run again: the {shown} below {'are' if len(wanted) > 1 else 'is'} from its first "
+                "memory failure, in an earlier attempt (pytest-rerunfailures)"
+            )
+            publish(item, record)
+            return
+        extra_before = dict(record.extra)
         refusal = rerun_refusal(item, item.stash.get(ARGUMENTS, {}).get(RERUN_KEYWORD, True))
         if refusal is not None:
             record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
@@ -189,6 +213,7 @@ class TfmemManager:
                 warnings.warn(
                     pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
                 )
+            self.first_reruns.remember(item.nodeid, extra_before, record.extra)
         publish(item, record)
 
     @pytest.hookimpl(trylast=True)
@@ -207,7 +232,9 @@ class TfmemManager:
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        record = item.stash.get(RECORD, None) if call.when == "call" else None
+        # A call-phase report made while the test's window is open is a subtest's (core.subtests).
+        subtest = call.when == "call" and MONITOR in item.stash
+        record = item.stash.get(RECORD, None) if call.when == "call" and not subtest else None
         # Asked before the report is made, so that what features publish now reaches it.
         added = [] if record is None else self.config.hook.pytest_tfmem_report_sections(item=item, record=record)
         report = yield
@@ -215,7 +242,7 @@ class TfmemManager:
             report.sections.append(("tfmem", _section_text(record)))
             for sections in added:
                 report.sections.extend(sections)
-        elif call.when == "call" and self.is_measured(item) and not report.skipped:
+        elif call.when == "call" and not subtest and self.is_measured(item) and not report.skipped:
             # The call phase ran without passing through pytest_runtest_call (another plugin
             # ran the test its own way): say so rather than leave the test silently unmeasured.
             report.user_properties.append((NOT_MEASURED, "its call phase did not go through pytest_runtest_call"))
@@ -223,10 +250,10 @@ class TfmemManager:
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call":
+        if report.when == "call" and not self.subtests.ended(report):
             record = record_from_report(report)
             if record is not None:
-                self.records.append(record)
+                attempts.gather(self.records, record)
             self.not_measured += [
                 (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
             ]
@@ -235,7 +262,7 @@ class TfmemManager:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.records:
             terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
-            for line in render_table(summary_rows(self.records, self.settings.top)):
+            for line in render_table(summary_rows(self.records, self.settings.top, subtests=self.settings.subtests)):
                 terminalreporter.write_line(line)
         if self.not_measured:
             terminalreporter.write_line(f"tfmem: {len(self.not_measured)} test(s) not measured:", yellow=True)
@@ -249,7 +276,7 @@ class TfmemManager:
 
 def _section_text(record: TestRecord) -> str:
     assert record.measurement is not None
-    rows = render_table(summary_rows([record], 1))
+    rows = render_table(summary_rows([record], 1, subtests=True))
     return "\n".join([*rows, *record.measurement.notes, *record.notes])
 
 

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem.core.attempts import attempts_before
 from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
 from pytest_tfmem.core.verdict import Verdict
 
 PROPERTY = "tfmem"
@@ -34,6 +36,8 @@ class TestRecord:
     outcome: str | None = None  # filled in from the report
     notes: list[str] = field(default_factory=list)  # shown under the test's tfmem section
     gpu_budget: int | None = None  # the GPU budget the test was held to, where one applied
+    subtests: list[SubtestFigure] = field(default_factory=list)  # in the order they ran
+    reruns: int = 0  # pytest-rerunfailures: attempts before the one this record is of
 
     @property
     def gpu_need(self) -> int | None:
@@ -55,6 +59,8 @@ class TestRecord:
             "extra": self.extra,
             "notes": self.notes,
             "gpu_budget": self.gpu_budget,
+            "subtests": [subtest.to_dict() for subtest in self.subtests],
+            "reruns": self.reruns,
         }
 
     @classmethod
@@ -69,6 +75,8 @@ class TestRecord:
             outcome=data.get("outcome"),
             notes=list(data.get("notes", [])),
             gpu_budget=data.get("gpu_budget"),
+            subtests=[SubtestFigure.from_dict(subtest) for subtest in data.get("subtests", [])],
+            reruns=data.get("reruns", 0),
         )
 
     def user_properties(self) -> list[tuple[str, object]]:
@@ -103,8 +111,11 @@ def published_record(holder: pytest.Item | pytest.TestReport) -> TestRecord | No
 
 
 def record_from_report(report: pytest.TestReport) -> TestRecord | None:
-    """The record a report carries, with the report's outcome, or ``None``."""
-    record = published_record(report)
+    """The record a report carries, with the report's outcome and how many attempts came
+    before it (pytest-rerunfailures), or ``None``. A subtest's report carries none: its figure
+    is in its test's record (and it may carry an earlier attempt's record, made from the item)."""
+    record = published_record(report) if subtest_description(report) is None else None
     if record is not None:
         record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        record.reruns = attempts_before(report)
     return record

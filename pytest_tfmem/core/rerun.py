@@ -7,7 +7,8 @@ once however many features asked for it (``pytest_tfmem_rerun_wanted``, ``pytest
 What the second run shares with the first, and why that is the safer choice:
 
 - the same fixture values: fixtures are not set up again (no second database, download or
-  session-wide side effect), but a test that changed its fixtures sees them changed. A
+  session-wide side effect), but a test that changed its fixtures sees them changed. The
+  ``subtests`` fixture is the exception: its subtests run but are not reported again. A
   ``unittest.TestCase`` method runs on a fresh instance of its class, with ``setUp`` and
   ``tearDown`` around it, as unittest runs it (class-level set-up is not repeated);
 - the same warm process: TensorFlow's runtime and compiled functions are already there, so
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
+from pytest_tfmem.core.subtests import for_rerun
 
 RERUN_KEYWORD = "rerun"  # tfmem(rerun=False) forbids re-runs of a test
 
@@ -128,7 +130,7 @@ def rerun_test_body(
         if is_unittest_method(item):
             error = _run_unittest_method(item)
         else:
-            item.obj(**{name: item.funcargs[name] for name in item._fixtureinfo.argnames})
+            item.obj(**{name: for_rerun(item.funcargs[name]) for name in item._fixtureinfo.argnames})
     except pytest.exit.Exception:
         raise
     except (Exception, pytest.fail.Exception, pytest.skip.Exception) as raised:

@@ -138,7 +138,15 @@ TF_WARMUP = Option(
     parse_bool,
     True,
 )
-CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP]
+SUBTESTS = Option(
+    "subtests",
+    "list each subtest's figure under its test in the terminal summary (subtests are measured "
+    "either way; the JSON report and a failed test's section always list them)",
+    parse_bool,
+    False,
+    flag=True,
+)
+CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, SUBTESTS]
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,7 @@ class CoreSettings:
     budget: int | None
     top: int
     tf_warmup: bool
+    subtests: bool  # list subtests in the terminal summary
     any_set: bool  # a tfmem option or ini value was given: measure every test
 
     @classmethod
@@ -155,7 +164,8 @@ class CoreSettings:
             budget=values["budget"][0],
             top=values["top"][0],
             tf_warmup=values["tf_warmup"][0],
-            any_set=values["budget"][1],
+            subtests=values["subtests"][0],
+            any_set=values["budget"][1] or values["subtests"][0],
         )
 
 

@@ -28,10 +28,14 @@ def _nvml_header(records: Sequence[TestRecord]) -> str:
 def _result(record: TestRecord) -> str:
     failed = {v.check for v in record.failed_verdicts}
     if "budget" in failed:
-        return "over budget"
-    if "gpu_budget" in failed:
-        return "over GPU budget"
-    return record.outcome or ""
+        result = "over budget"
+    elif "gpu_budget" in failed:
+        result = "over GPU budget"
+    else:
+        result = record.outcome or ""
+    if record.reruns:  # pytest-rerunfailures: the figures are the last attempt's
+        result += f" (rerun {record.reruns} time{'s' if record.reruns > 1 else ''})"
+    return result
 
 
 def _nvml(measurement: Measurement) -> str:
@@ -39,9 +43,10 @@ def _nvml(measurement: Measurement) -> str:
     return format_size(max((v.increase for v in measurement.views if v.view.startswith("nvml:")), default=None))
 
 
-def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
+def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = False) -> list[list[str]]:
     """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use, result;
-    NVML's column and the GPU budget's columns where they apply."""
+    NVML's column and the GPU budget's columns where they apply. With ``subtests``, each test's
+    subtests follow its row, heaviest first, their use and result against the test's budget."""
     measured = [r for r in records if r.measurement is not None]
     measured.sort(key=lambda r: r.measurement.peak, reverse=True)  # type: ignore[union-attr]
     with_nvml = any(v.view.startswith("nvml:") for r in measured for v in r.measurement.views)  # type: ignore[union-attr]
@@ -51,23 +56,43 @@ def summary_rows(records: Sequence[TestRecord], top: int) -> list[list[str]]:
     header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", *gpu_budget_columns]
     rows = [[*header, "result"]]
     for record in measured[:top]:
-        m = record.measurement
-        assert m is not None
-        has_tf = any(v.view.startswith("tf:CPU") for v in m.views)
+        assert record.measurement is not None
         gpu_budget_cells = [format_size(record.gpu_budget), _use(record.gpu_need, record.gpu_budget)]
         rows.append(
-            [
-                record.nodeid,
-                format_size(m.peak),
-                format_size(m.host),
-                format_size(m.tf_host) if has_tf else "-",
-                format_size(m.gpu),
-                *([_nvml(m)] if with_nvml else []),
-                format_size(record.budget),
-                _use(m.peak, record.budget),
-                *(gpu_budget_cells if with_gpu_budget else []),
-                _result(record),
-            ]
+            _figure_cells(record.nodeid, record.measurement, with_nvml)
+            + [format_size(record.budget), _use(record.measurement.peak, record.budget)]
+            + (gpu_budget_cells if with_gpu_budget else [])
+            + [_result(record)]
+        )
+        if subtests:
+            rows += _subtest_rows(record, with_nvml, with_gpu_budget)
+    return rows
+
+
+def _figure_cells(name: str, m: Measurement, with_nvml: bool) -> list[str]:
+    """The name, peak, host, TF CPU, TF GPU (and NVML) cells of a row."""
+    has_tf = any(v.view.startswith("tf:CPU") for v in m.views)
+    return [
+        name,
+        format_size(m.peak),
+        format_size(m.host),
+        format_size(m.tf_host) if has_tf else "-",
+        format_size(m.gpu),
+        *([_nvml(m)] if with_nvml else []),
+    ]
+
+
+def _subtest_rows(record: TestRecord, with_nvml: bool, with_gpu_budget: bool) -> list[list[str]]:
+    """A row per subtest of the test, heaviest first: ``  [message] (i=2)`` and its figures."""
+    rows = []
+    for subtest in sorted(record.subtests, key=lambda s: s.measurement.peak, reverse=True):
+        peak = subtest.measurement.peak
+        over = record.budget is not None and peak > record.budget
+        rows.append(
+            _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml)
+            + ["", _use(peak, record.budget)]
+            + (["", ""] if with_gpu_budget else [])
+            + [f"subtest {subtest.outcome}{', over budget' if over else ''}"]
         )
     return rows
 

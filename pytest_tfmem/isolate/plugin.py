@@ -25,7 +25,7 @@ from typing import Any, Literal
 import pytest
 
 from pytest_tfmem.core import manager as core, processes, settings
-from pytest_tfmem.core.record import TestRecord, publish, record_from_report
+from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import MemoryLimitWarning, failure_for
@@ -139,7 +139,6 @@ class TfmemIsolation:
         self.auto_note = ""
         self.kill_at = settings.read_option(config, KILL_AT)[0]
         self.limit = system.applicable_memory_limit()
-        self.isolated_records: list[TestRecord] = []
         self.start_method, self._start_given = settings.read_option(config, ISOLATE_START)
         self.launcher: Launcher | None = None
         self._fallback_told = False
@@ -381,28 +380,26 @@ class TfmemIsolation:
 
     # -- the summary of isolated tests ------------------------------------------------------
 
-    @pytest.hookimpl
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
-        record = record_from_report(report)
-        if record is not None and "isolated" in record.extra:
-            self.isolated_records.append(record)
+    @property
+    def isolated_records(self) -> list[TestRecord]:
+        """The records of the tests run isolated (one per test: pytest-rerunfailures' last attempt)."""
+        return [record for record in core.manager(self.config).records if "isolated" in record.extra]
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        isolated_records = self.isolated_records
         if self.auto:
             terminalreporter.write_sep("=", f"tfmem: {ISOLATE.cli}={AUTO}")
             terminalreporter.write_line(f"tfmem: {self.auto_note}")
-            for record in self.isolated_records:
+            for record in isolated_records:
                 reason = record.extra["isolated"].get("reason")
                 if reason:
                     result = record.extra["isolated"].get("death") or record.outcome or ""
                     terminalreporter.write_line(f"{record.nodeid}: isolated: {reason}; this time: {result}")
-        if not self.isolated_records:
+        if not isolated_records:
             return
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
-        for line in render_table(isolated_rows(self.isolated_records)):
+        for line in render_table(isolated_rows(isolated_records)):
             terminalreporter.write_line(line)
 
 

@@ -248,7 +248,9 @@ class TfmemJournal:
             return
         sampled_peak = self.readings.end()
         outcome = self._outcomes.pop(nodeid)
-        record = next((record_from_report(r) for r in outcome.reports if r.when == "call"), None)
+        # The test's own call report (its subtests' reports, also "call", carry no record).
+        records = (record_from_report(r) for r in outcome.reports if r.when == "call")
+        record = next((record for record in records if record is not None), None)
         entry = {
             "event": "finish",
             "worker": self.worker,

@@ -1,0 +1,133 @@
+"""Subtests: a figure for each subtest of a measured test.
+
+pytest (9 and later) runs ``with subtests.test(...)`` blocks (the ``subtests`` fixture) and
+``unittest``'s ``with self.subTest(...)`` blocks as subtests: each one is reported on its own
+(a ``pytest.SubtestReport``, ``when == "call"``) as it ends, from inside the test's call phase.
+The test itself is measured as always, over its whole call phase, and its budget applies to
+that; its subtests get figures of their own beside it, listed under it.
+
+No hook marks where a subtest starts, so a subtest's window opens where the one before it ended:
+the first subtest's where the test's call phase starts, each later one's where the subtest
+before it ended. What a test does before its first subtest, or between two, is counted in the
+next subtest's figure; what it does after its last one, in none (only in the test's). The
+windows nest in the test's own (``core.measure``), so they never change its figure.
+
+Between two windows freed heap is handed back to the OS, so that a subtest does not reuse what
+the one before it freed without its RSS rising; only the young generations of garbage are
+collected there (a full collection costs a quarter of a second with TensorFlow loaded).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
+
+# pytest 9's subtest reports and ``subtests`` fixture; ``None`` on pytest 8, which has no subtests of its own.
+_SUBTEST_REPORT: type | None = getattr(pytest, "SubtestReport", None)
+_SUBTESTS_FIXTURE: type | None = getattr(pytest, "Subtests", None)
+
+
+@dataclass(frozen=True)
+class SubtestFigure:
+    """One subtest's measurement, as listed under its test (in the record and the JSON report)."""
+
+    description: str  # what pytest shows after SUBPASSED: "[message] (i=2)"
+    outcome: str  # the subtest's own: passed, failed, skipped
+    measurement: Measurement
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"description": self.description, "outcome": self.outcome, "measurement": self.measurement.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SubtestFigure:
+        return cls(data["description"], data["outcome"], Measurement.from_dict(data["measurement"]))
+
+
+def subtest_description(report: pytest.TestReport) -> str | None:
+    """``[message] (i=2)`` for a subtest's report (as pytest shows it), ``None`` for any other."""
+    if _SUBTEST_REPORT is None or not isinstance(report, _SUBTEST_REPORT):
+        return None
+    domain = report.location[2]
+    head_line = report.head_line or ""  # "<domain> <description>"
+    return head_line[len(domain):].strip() if head_line.startswith(domain) else head_line
+
+
+def _young_garbage() -> None:
+    gc.collect(1)
+
+
+@dataclass
+class _OpenTest:
+    figures: list[SubtestFigure]
+    window: Monitor
+
+
+class SubtestWindows:
+    """The subtest windows of the tests being measured in this process, by node id.
+
+    ``begin`` when a test's window opens, ``ended`` for each subtest report, ``end`` when the
+    test's window closes (it returns the test's subtest figures, in the order they ran).
+    """
+
+    def __init__(self, trackers: Callable[[], Sequence[PeakTracker]]) -> None:
+        self._trackers = trackers  # the features' trackers, as the test's own window reads them
+        self._open: dict[str, _OpenTest] = {}
+
+    def _window(self, release_first: bool) -> Monitor:
+        return Monitor(release_first=release_first, collect=_young_garbage, trackers=self._trackers()).start()
+
+    def begin(self, nodeid: str) -> None:
+        """The test's window just opened (having released freed memory): the first subtest's opens too."""
+        self._open[nodeid] = _OpenTest([], self._window(release_first=False))
+
+    def ended(self, report: pytest.TestReport) -> bool:
+        """A subtest of a test measured here ended with this report: close its window, open the
+        next one. False for any other report (also for subtest reports that reach an xdist
+        controller or the parent of an isolated test: their figures come in the test's record)."""
+        test = self._open.get(report.nodeid)
+        description = subtest_description(report)
+        if test is None or description is None:
+            return False
+        measurement = test.window.stop()
+        test.figures.append(SubtestFigure(description, report.outcome, measurement))
+        test.window = self._window(release_first=True)
+        return True
+
+    def end(self, nodeid: str) -> list[SubtestFigure]:
+        """The test's window closes: its subtests' figures (none for a test without subtests)."""
+        test = self._open.pop(nodeid, None)
+        if test is None:
+            return []
+        test.window.stop()  # what ran after the last subtest is no subtest's
+        return test.figures
+
+
+class QuietSubtests:
+    """Stands in for the ``subtests`` fixture when tfmem runs a test's body once more after a
+    memory failure (``core.rerun``): the subtests run as in the test's own run, a failing one
+    does not stop the body, and none is reported (the test's reports are its own run's)."""
+
+    def test(self, msg: str | None = None, **kwargs: Any) -> AbstractContextManager[None]:
+        return _quiet_subtest()
+
+
+@contextmanager
+def _quiet_subtest() -> Iterator[None]:
+    try:
+        yield
+    except (Exception, pytest.fail.Exception, pytest.skip.Exception):
+        pass  # as with the fixture's own subtests, the body goes on after a failed one
+
+
+def for_rerun(value: object) -> object:
+    """A fixture value as a re-run of the test's body gets it: the ``subtests`` fixture quieted."""
+    if _SUBTESTS_FIXTURE is not None and isinstance(value, _SUBTESTS_FIXTURE):
+        return QuietSubtests()
+    return value

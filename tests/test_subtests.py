@@ -1,0 +1,137 @@
+"""Subtests (pytest's ``subtests`` fixture and ``unittest``'s ``self.subTest``): every subtest gets
+a figure of its own, listed under its test, in process and isolated; the test's budget and marker
+apply to the test as a whole.
+
+The subtests hold plain NumPy arrays of known sizes: TensorFlow adds nothing here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+MIB = 2**20
+
+SUBTESTS = '''
+import unittest
+
+import numpy as np
+import pytest
+
+MIB = 2**20
+
+
+class Case(unittest.TestCase):
+    def test_method(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                block = np.ones((i + 1) * 10 * MIB, dtype=np.uint8)
+                del block
+
+
+def test_function(subtests):
+    for i in range(2):
+        with subtests.test("sized", i=i):
+            block = np.ones((i + 1) * 20 * MIB, dtype=np.uint8)
+            assert i == 0, "the second subtest fails on its own"
+            del block
+
+
+@pytest.mark.tfmem(budget="100MB")
+def test_marked(subtests):
+    with subtests.test(size="60MB"):
+        block = np.ones(60 * MIB, dtype=np.uint8)
+        del block
+'''
+
+
+def subtest_peaks(test: dict) -> dict[str, int]:
+    return {subtest["description"]: subtest["measurement"]["peak"] for subtest in test["subtests"]}
+
+
+def assert_close(peak: int, size: int) -> None:
+    """A NumPy array of ``size`` bytes, seen by the kernel's high-water mark: within 3 MiB."""
+    assert size - MIB <= peak <= size + 3 * MIB, (peak, size)
+
+
+def check_report(path) -> dict[str, dict]:
+    """The JSON report's tests, by name, with the figures every subtest must have."""
+    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(path.read_text())["tests"]}
+    method, function, marked = (subtest_peaks(tests[name]) for name in ("test_method", "test_function", "test_marked"))
+    assert list(method) == ["(i=0)", "(i=1)", "(i=2)"]  # in the order they ran
+    for i, peak in enumerate(method.values()):
+        assert_close(peak, (i + 1) * 10 * MIB)
+    assert list(function) == ["[sized] (i=0)", "[sized] (i=1)"]
+    assert_close(function["[sized] (i=0)"], 20 * MIB)
+    assert_close(function["[sized] (i=1)"], 40 * MIB)
+    assert [s["outcome"] for s in tests["test_function"]["subtests"]] == ["passed", "failed"]
+    assert_close(marked["(size='60MB')"], 60 * MIB)
+    # The budget is the test's: its peak covers its subtests.
+    assert tests["test_method"]["measurement"]["peak"] >= max(method.values())
+    assert tests["test_marked"]["budget"] == 100_000_000
+    return tests
+
+
+def test_each_subtest_has_its_figure_under_its_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sub=SUBTESTS)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--tfmem-budget=25MB", "--tfmem-subtests", f"--tfmem-report={report}"
+    )
+    result.assert_outcomes(failed=3, passed=1)  # two tests over budget, and one subtest failed on its own
+    assert "not measured" not in result.stdout.str()
+    tests = check_report(report)
+    assert [t["outcome"] for t in tests.values()] == ["failed", "failed", "passed"]
+    # The failure section of a test over budget lists its subtests, the one over the budget marked.
+    result.stdout.re_match_lines(
+        [
+            r"_+ Case.test_method _+",
+            r"tfmem: peak \d+\.\d MiB > budget 23\.8 MiB \(host RSS \d+\.\d MiB\)",
+            r"-+ tfmem -+",
+            r"test +peak .* result",
+            r"test_sub\.py::Case::test_method +\d+\.\d MiB .* 23\.8 MiB +1\d\d% +over budget",
+            r"  \(i=2\) +\d+\.\d MiB .* 1\d\d% +subtest passed, over budget",
+            r"  \(i=1\) +\d+\.\d MiB .* \d\d% +subtest passed",
+            r"  \(i=0\) +\d+\.\d MiB .* \d\d% +subtest passed",
+        ]
+    )
+    # The terminal summary lists them on request (--tfmem-subtests), heaviest first under each test.
+    summary = result.stdout.str().split("tfmem: peak memory need per test")[1]
+    assert "  [sized] (i=1)" in summary and "subtest failed, over budget" in summary
+    result.stdout.re_match_lines(
+        [
+            r"test_sub\.py::test_marked +\d+\.\d MiB .* 95\.4 MiB +\d\d% +passed",
+            r"  \(size='60MB'\) +\d+\.\d MiB .* \d\d% +subtest passed",
+        ]
+    )
+
+
+def test_subtests_are_listed_only_on_request(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sub=SUBTESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-budget=1GB", "-k", "marked")
+    result.assert_outcomes(passed=1)
+    assert "size=" not in result.stdout.str().split("tfmem: peak memory need per test")[1]
+    assert "not measured" not in result.stdout.str()
+
+
+def test_isolated_tests_bring_their_subtests_figures_back(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_sub=SUBTESTS)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tfmem-budget=25MB", "--tfmem-isolate", f"--tfmem-report={report}"
+    )
+    result.assert_outcomes(failed=3, passed=1)
+    assert "not measured" not in result.stdout.str()
+    tests = check_report(report)
+    assert all("isolated" in test["extra"] for test in tests.values())
+    result.stdout.fnmatch_lines(["*  (i=2) *subtest passed, over budget"])  # the failure section, from the child
+
+
+def test_the_rerun_after_a_memory_failure_reports_no_subtest_again(pytester: pytest.Pytester) -> None:
+    """The line tracer's re-run of the body runs its subtests quietly: each is reported once."""
+    pytester.makepyfile(test_sub=SUBTESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-budget=25MB", "--tfmem-explain", "-k", "function")
+    # The test and its failing subtest, as without the re-run (which would report that subtest again).
+    result.assert_outcomes(failed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*memory by line (test_sub.py::test_function)*", "re-run once after the failure*"])
