@@ -185,3 +185,61 @@ def test_a_test_over_budget_in_every_attempt_is_traced_once(pytester: pytest.Pyt
         "not re-run again: the TensorBoard trace below is from its first memory failure, "
         "in an earlier attempt (pytest-rerunfailures)"
     ]
+
+
+KILLED = '''
+import os
+
+import numpy as np
+import pytest
+
+MIB = 2**20
+
+
+@pytest.mark.tfmem(kill_at="200MB")
+def test_killed_first():
+    blocks = [np.ones(50 * MIB, dtype=np.uint8) for _ in range(10)]
+
+
+@pytest.mark.tfmem(kill_at="200MB")
+def test_killed_second():
+    if not os.path.exists(os.path.join(os.environ["RUNS_DIR"], "failed once")):
+        open(os.path.join(os.environ["RUNS_DIR"], "failed once"), "w").close()
+        raise AssertionError("an ordinary failure in the first attempt")
+    blocks = [np.ones(50 * MIB, dtype=np.uint8) for _ in range(10)]
+'''
+
+
+def test_isolated_attempts_and_kills(pytester: pytest.Pytester, runs_dir: Path) -> None:
+    """Isolated, the attempts run in the test's process: one row per test in both tables, and a
+    process killed in any attempt fails its test in the call phase (a killed process makes no
+    further attempt)."""
+    pytester.makepyfile(test_attempts=ATTEMPTS, test_killed=KILLED)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--reruns=1", "--tfmem-budget=30MB", "--tfmem-isolate", f"--tfmem-report={report}"
+    )
+    assert result.parseoutcomes() == {"passed": 2, "failed": 3, "rerun": 3}
+    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(report.read_text())["tests"]}
+    assert {name: (t["outcome"], t["reruns"]) for name, t in tests.items()} == {
+        "test_always_over": ("failed", 1),
+        "test_flaky": ("passed", 1),
+        "test_steady": ("passed", 0),
+        "test_killed_first": ("failed", 0),
+        "test_killed_second": ("failed", 1),
+    }
+    assert tests["test_killed_second"]["extra"]["isolated"]["death"] == "killed at kill_at"
+    assert_close(tests["test_flaky"]["extra"]["isolated"]["process_peak_increase"], 10 * MIB)  # the last attempt's
+    isolated_table = result.stdout.str().split("tfmem: isolated tests")[1].split("short test summary")[0]
+    assert isolated_table.count("::test_flaky") == isolated_table.count("::test_killed_second") == 1
+    result.stdout.fnmatch_lines(["FAILED test_killed.py::test_killed_first - pytest_tfmem.errors.KilledAtLimit*"])
+    assert "ERROR" not in result.stdout.str()  # a kill is the call phase's failure, whenever the reports come
+
+
+def test_an_isolated_test_killed_without_reruns(pytester: pytest.Pytester, runs_dir: Path) -> None:
+    """pytest-rerunfailures installed, no --reruns: the kill is reported, no internal error."""
+    pytester.makepyfile(test_killed=KILLED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "first")
+    result.assert_outcomes(failed=1, deselected=1)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["FAILED test_killed.py::test_killed_first - pytest_tfmem.errors.KilledAtLimit*"])

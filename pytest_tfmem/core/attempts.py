@@ -24,9 +24,15 @@ def attempts_before(report: pytest.TestReport) -> int:
 
 
 def gather(records: list[TestRecord], record: TestRecord) -> None:
-    """Add ``record`` to ``records``; a later attempt's record replaces the earlier attempts'."""
-    if record.reruns:
-        records[:] = [earlier for earlier in records if earlier.nodeid != record.nodeid]
+    """Add ``record`` to ``records``; a later attempt's record replaces the earlier attempts'.
+
+    Earlier attempts are those ``record`` counts, and those retried (outcome ``rerun``): a
+    report tfmem makes itself for an isolated test whose process died has no count.
+    """
+    earlier = [r for r in records if r.nodeid == record.nodeid and (record.reruns or r.outcome == "rerun")]
+    if earlier:
+        record.reruns = max(record.reruns, len(earlier))
+        records[:] = [r for r in records if not any(r is attempt for attempt in earlier)]
     records.append(record)
 
 

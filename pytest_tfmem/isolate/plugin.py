@@ -37,6 +37,7 @@ from pytest_tfmem.isolate.results import (
     add_isolated_numbers,
     complete,
     death_message,
+    died_in_call,
     isolated_rows,
     isolated_section,
     output_excerpt,
@@ -252,7 +253,7 @@ class TfmemIsolation:
             lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown"
         )
         if call.excinfo is not None:
-            item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
+            item.ihook.pytest_runtest_logreport(report=_report_made_here(item, call))
 
     def _launcher(self) -> Launcher:
         if self.launcher is None:
@@ -324,7 +325,7 @@ class TfmemIsolation:
             isolated["reason"] = policy.reason
         for report in reports:
             add_isolated_numbers(report, isolated)
-        if not complete(reports):
+        if not complete(reports, events):
             # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
             # before reporting usually does (Python's fault report, an error message).
             sigkilled = result.returncode == -signal.SIGKILL
@@ -345,7 +346,9 @@ class TfmemIsolation:
         """A failure report for the phase the child died in, and an empty teardown after it."""
         phases = {report.when: report for report in reports}
         phase: Literal["setup", "call", "teardown"]
-        if "setup" not in phases:
+        if died_in_call(events):
+            phase = "call"
+        elif "setup" not in phases:
             phase = "setup"
         elif phases["setup"].passed and "call" not in phases:
             phase = "call"
@@ -368,7 +371,7 @@ class TfmemIsolation:
         item.stash[core.RECORD] = record  # the core adds its section to the call report
         publish(item, record)  # reports made from the item carry it
         item.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
-        report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))
+        report = _report_made_here(item, pytest.CallInfo.from_call(raise_failure, phase))
         report.duration = result.elapsed_s  # the child's whole run: the phase's own share is unknown
         if output:
             report.sections.append(("isolated process output", output))
@@ -401,6 +404,18 @@ class TfmemIsolation:
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
         for line in render_table(isolated_rows(isolated_records)):
             terminalreporter.write_line(line)
+
+
+def _report_made_here(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """The report of a phase of an isolated test made in this process, not in the test's own.
+
+    Its set-up was reported in its own process. Plugins that keep a test's state from its
+    set-up's ``pytest_runtest_makereport`` on (pytest-rerunfailures does, installed, with or
+    without ``--reruns``) are shown one here first, so that the report of a later phase finds it.
+    """
+    if call.when != "setup":
+        item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(lambda: None, "setup"))
+    return item.ihook.pytest_runtest_makereport(item=item, call=call)
 
 
 def _evaluate_xfail(item: pytest.Item) -> None:

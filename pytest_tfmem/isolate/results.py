@@ -41,8 +41,25 @@ def isolated_rows(records: list[TestRecord]) -> list[list[str]]:
     return rows
 
 
-def complete(reports: list[pytest.TestReport]) -> bool:
-    return any(report.when == "teardown" for report in reports)
+def last_call(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The child's last ``call`` event and the ``call_end`` after it (``None`` where missing).
+    The last: with pytest-rerunfailures the child runs each attempt of the test."""
+    starts = [index for index, event in enumerate(events) if event["event"] == "call"]
+    if not starts:
+        return None, None
+    end = next((event for event in events[starts[-1]:] if event["event"] == "call_end"), None)
+    return events[starts[-1]], end
+
+
+def died_in_call(events: list[dict[str, Any]]) -> bool:
+    """The child's last call phase began and never ended. (pytest-rerunfailures logs an
+    attempt's reports once it is over, so the reports cannot tell.)"""
+    call, call_end = last_call(events)
+    return call is not None and call_end is None
+
+
+def complete(reports: list[pytest.TestReport], events: list[dict[str, Any]]) -> bool:
+    return any(report.when == "teardown" for report in reports) and not died_in_call(events)
 
 
 def isolated_section(
@@ -56,8 +73,7 @@ def isolated_section(
     For a child that died it is the higher of the child's high-water mark as the watchdog
     last read it (exact up to that reading, start-up included) and the tree's sampled peak.
     """
-    call = next((event for event in events if event["event"] == "call"), None)
-    call_end = next((event for event in events if event["event"] == "call_end"), None)
+    call, call_end = last_call(events)
     call_start_rss = call["rss"] if call else None
     host_peak = 0
     for report in reports:
