@@ -165,7 +165,7 @@ class TfmemManager:
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
             del item.stash[RECORD]
         monitor.start()
-        self.subtests.begin(item.nodeid)
+        self.subtests.begin(item.nodeid, monitor)
         try:
             yield
         except BaseException as raised:

@@ -7,10 +7,11 @@ The test itself is measured as always, over its whole call phase, and its budget
 that; its subtests get figures of their own beside it, listed under it.
 
 No hook marks where a subtest starts, so a subtest's window opens where the one before it ended:
-the first subtest's where the test's call phase starts, each later one's where the subtest
-before it ended. What a test does before its first subtest, or between two, is counted in the
-next subtest's figure; what it does after its last one, in none (only in the test's). The
-windows nest in the test's own (``core.measure``), so they never change its figure.
+the first subtest's is the test's own window so far (nothing is opened for a test without
+subtests), each later one's opens where the subtest before it ended. What a test does before its
+first subtest, or between two, is counted in the next subtest's figure; what it does after its
+last one, in none (only in the test's). The later windows nest in the test's own
+(``core.measure``), so they never change its figure.
 
 Between two windows freed heap is handed back to the OS, so that a subtest does not reuse what
 the one before it freed without its RSS rising; only the young generations of garbage are
@@ -65,8 +66,9 @@ def _young_garbage() -> None:
 
 @dataclass
 class _OpenTest:
+    test_window: Monitor
     figures: list[SubtestFigure]
-    window: Monitor
+    window: Monitor | None = None  # the current subtest's, from the second subtest on
 
 
 class SubtestWindows:
@@ -80,12 +82,9 @@ class SubtestWindows:
         self._trackers = trackers  # the features' trackers, as the test's own window reads them
         self._open: dict[str, _OpenTest] = {}
 
-    def _window(self, release_first: bool) -> Monitor:
-        return Monitor(release_first=release_first, collect=_young_garbage, trackers=self._trackers()).start()
-
-    def begin(self, nodeid: str) -> None:
-        """The test's window just opened (having released freed memory): the first subtest's opens too."""
-        self._open[nodeid] = _OpenTest([], self._window(release_first=False))
+    def begin(self, nodeid: str, test_window: Monitor) -> None:
+        """The test's window just opened: until its first subtest ends, that is the subtest's too."""
+        self._open[nodeid] = _OpenTest(test_window, [])
 
     def ended(self, report: pytest.TestReport) -> bool:
         """A subtest of a test measured here ended with this report: close its window, open the
@@ -95,9 +94,9 @@ class SubtestWindows:
         description = subtest_description(report)
         if test is None or description is None:
             return False
-        measurement = test.window.stop()
+        measurement = test.test_window.snapshot() if test.window is None else test.window.stop()
         test.figures.append(SubtestFigure(description, report.outcome, measurement))
-        test.window = self._window(release_first=True)
+        test.window = Monitor(collect=_young_garbage, trackers=self._trackers()).start()
         return True
 
     def end(self, nodeid: str) -> list[SubtestFigure]:
@@ -105,7 +104,8 @@ class SubtestWindows:
         test = self._open.pop(nodeid, None)
         if test is None:
             return []
-        test.window.stop()  # what ran after the last subtest is no subtest's
+        if test.window is not None:
+            test.window.stop()  # what ran after the last subtest is no subtest's
         return test.figures
 
 
