@@ -43,6 +43,8 @@ def test_marked(subtests):
     with subtests.test(size="60MB"):
         block = np.ones(60 * MIB, dtype=np.uint8)
         del block
+    with subtests.test("skipped"):
+        pytest.skip("a subtest skipped on its own")
 '''
 
 
@@ -67,6 +69,7 @@ def check_report(path) -> dict[str, dict]:
     assert_close(function["[sized] (i=1)"], 40 * MIB)
     assert [s["outcome"] for s in tests["test_function"]["subtests"]] == ["passed", "failed"]
     assert_close(marked["(size='60MB')"], 60 * MIB)
+    assert [s["outcome"] for s in tests["test_marked"]["subtests"]] == ["passed", "skipped"]
     # The budget is the test's: its peak covers its subtests.
     assert tests["test_method"]["measurement"]["peak"] >= max(method.values())
     assert tests["test_marked"]["budget"] == 100_000_000
@@ -83,6 +86,16 @@ def test_each_subtest_has_its_figure_under_its_test(pytester: pytest.Pytester) -
     assert "not measured" not in result.stdout.str()
     tests = check_report(report)
     assert [t["outcome"] for t in tests.values()] == ["failed", "failed", "passed"]
+    # The results journal has each test's record and outcome (not its subtests').
+    finished = {
+        entry["nodeid"].split("::")[-1]: entry
+        for entry in map(json.loads, (pytester.path / ".tfmem" / "results.jsonl").read_text().splitlines())
+        if entry.get("event") == "finish"
+    }
+    assert {name: entry["outcome"] for name, entry in finished.items()} == {
+        "test_method": "failed", "test_function": "failed", "test_marked": "passed"
+    }
+    assert all(len(entry["record"]["subtests"]) >= 2 for entry in finished.values())
     # The failure section of a test over budget lists its subtests, the one over the budget marked.
     result.stdout.re_match_lines(
         [

@@ -30,6 +30,7 @@ import pytest
 from pytest_tfmem import files
 from pytest_tfmem.core import manager as core, processes, settings
 from pytest_tfmem.core.record import record_from_report
+from pytest_tfmem.core.subtests import subtest_description
 from pytest_tfmem.isolate.watchdog import ProcessTreeRss
 from pytest_tfmem.journal.format import RESULTS, SAMPLE_INTERVAL_S, previous_path, results_path
 from pytest_tfmem.probes.sampler import Sampler
@@ -239,7 +240,8 @@ class TfmemJournal:
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.nodeid in self._outcomes:
+        # A subtest's report is not its test's: a failed subtest fails the test's own report too.
+        if report.nodeid in self._outcomes and subtest_description(report) is None:
             self._outcomes[report.nodeid].reports.append(report)
 
     @pytest.hookimpl
@@ -248,9 +250,7 @@ class TfmemJournal:
             return
         sampled_peak = self.readings.end()
         outcome = self._outcomes.pop(nodeid)
-        # The test's own call report (its subtests' reports, also "call", carry no record).
-        records = (record_from_report(r) for r in outcome.reports if r.when == "call")
-        record = next((record for record in records if record is not None), None)
+        record = next((record_from_report(r) for r in outcome.reports if r.when == "call"), None)
         entry = {
             "event": "finish",
             "worker": self.worker,
