@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem import hookspecs
-from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core import processes, pytest_internals, settings
 from pytest_tfmem.core.fixture import TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
@@ -159,7 +159,7 @@ class TfmemManager:
         except BaseException as raised:
             self._after_call(item, monitor, raised)
             raise
-        record = self._after_call(item, monitor, _unittest_error(item))
+        record = self._after_call(item, monitor, pytest_internals.unittest_error(item))
         self.fail_if_needed(record)
 
     def _after_call(self, item: pytest.Item, monitor: Monitor, error: BaseException | None) -> TestRecord:
@@ -252,9 +252,3 @@ def _section_text(record: TestRecord) -> str:
     rows = render_table(summary_rows([record], 1))
     return "\n".join([*rows, *record.measurement.notes, *record.notes])
 
-
-def _unittest_error(item: pytest.Item) -> BaseException | None:
-    """What a ``unittest.TestCase`` method raised: unittest catches it, pytest keeps it on the
-    item until the report is made (no public API for this)."""
-    excinfo = getattr(item, "_excinfo", None)
-    return excinfo[0].value if excinfo else None

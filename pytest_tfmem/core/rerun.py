@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 
 RERUN_KEYWORD = "rerun"  # tfmem(rerun=False) forbids re-runs of a test
@@ -70,14 +71,7 @@ def rerun_refusal(item: pytest.Item, allowed: bool) -> str | None:
 
 
 def _read_captured(item: pytest.Item) -> tuple[str, str]:
-    capture = item.config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        return "", ""
-    try:
-        out, err = capture.read_global_capture()
-    except (AssertionError, AttributeError):  # capturing not started (pytest internals differ)
-        return "", ""
-    return out, err
+    return pytest_internals.read_global_capture(item.config) or ("", "")
 
 
 @contextmanager
@@ -128,7 +122,7 @@ def rerun_test_body(
         if is_unittest_method(item):
             error = _run_unittest_method(item)
         else:
-            item.obj(**{name: item.funcargs[name] for name in item._fixtureinfo.argnames})
+            item.obj(**{name: item.funcargs[name] for name in pytest_internals.fixture_argnames(item)})
     except pytest.exit.Exception:
         raise
     except (Exception, pytest.fail.Exception, pytest.skip.Exception) as raised:

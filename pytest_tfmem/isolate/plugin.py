@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core import manager as core, processes, pytest_internals, settings
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
@@ -249,9 +249,7 @@ class TfmemIsolation:
         teardown phase would; an error there is reported as this test's teardown error."""
         if item.session.shouldfail or item.session.shouldstop:
             nextitem = None
-        call = pytest.CallInfo.from_call(
-            lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown"
-        )
+        call = pytest.CallInfo.from_call(lambda: pytest_internals.teardown_exact(item, nextitem), when="teardown")
         if call.excinfo is not None:
             item.ihook.pytest_runtest_logreport(report=item.ihook.pytest_runtest_makereport(item=item, call=call))
 
@@ -290,7 +288,7 @@ class TfmemIsolation:
             self.launcher.close()
 
     def _workdir(self, name: str = "tfmem-isolated") -> Path:
-        factory = getattr(self.config, "_tmp_path_factory", None)
+        factory = pytest_internals.tmp_path_factory(self.config)
         if factory is not None:
             return factory.mktemp(name, numbered=True)
         return Path(tempfile.mkdtemp(prefix=f"{name}-"))
@@ -409,6 +407,4 @@ class TfmemIsolation:
 def _evaluate_xfail(item: pytest.Item) -> None:
     """Let ``@pytest.mark.xfail(raises=KilledAtLimit)`` apply to a report made here, as it
     would have in the child (pytest evaluates xfail marks during set-up, which ran there)."""
-    from _pytest import skipping  # no public API for this
-
-    item.stash[skipping.xfailed_key] = skipping.evaluate_xfail_marks(item)
+    pytest_internals.evaluate_xfail(item)

@@ -50,11 +50,11 @@ _PROBE_OPTIONS: dict[str, Any] = {
     "report_log": None,
 }
 
-_probing = False  # set in the probe process: xdist asks for -n auto's count before any plugin configures
-
-
-def probing() -> bool:
-    return _probing
+def probing(config: pytest.Config) -> bool:
+    """This process is the probe: its ``Probe`` plugin is registered (from ``pytest.main``'s
+    plugins, before the command line is read: pytest-xdist asks for ``-n auto``'s count before
+    any plugin configures)."""
+    return any(isinstance(plugin, Probe) for plugin in config.pluginmanager.get_plugins())
 
 
 @dataclass(frozen=True)
@@ -173,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(arguments[0]).read_text())
     die_with_parent(spec["parent_pid"])
-    global _probing
-    _probing = True
     return int(pytest.main(spec["args"], plugins=[Probe(Path(spec["result"]), spec["session"])]))
 
 
