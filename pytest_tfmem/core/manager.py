@@ -8,7 +8,6 @@ hooks (``hookspecs.py``).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 
 from pytest_tfmem import hookspecs
 from pytest_tfmem.core import processes, pytest_internals, settings
+from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.fixture import TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
@@ -180,15 +180,8 @@ class TfmemManager:
         if refusal is not None:
             record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
         else:
-            try:
-                with separate_output(item):
-                    self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
-            except pytest.exit.Exception:
-                raise
-            except Exception as error:  # a re-run must never hide the test's own outcome
-                warnings.warn(
-                    pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
-                )
+            with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
+                self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
         publish(item, record)
 
     @pytest.hookimpl(trylast=True)

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun
 from pytest_tfmem.explain.lines import (
@@ -50,6 +51,7 @@ MODES = (RERUN, FROM_START)
 RERUN_LABEL = "memory-by-line table"  # what a re-run gives this feature, as the report names it
 SECTION_KEY = "explain"  # in ``TestRecord.extra`` and the trace's ``summary.json``
 TF_SECTION = "memory at the peak by TensorFlow op"
+UNEXPLAINED = "could not explain this failure"  # the warning when explaining fails
 LEGEND = [
     "Peak+: the largest increase while the line ran; Net: what the line kept;",
     "Peak: the highest level while it ran, above where tracing began (host RSS or TF CPU allocator, the larger)",
@@ -222,11 +224,11 @@ class ExplainPlugin:
         if request is None or request.mode != FROM_START:
             return (yield)
         assert isinstance(item, pytest.Function)
-        try:
+        run = None
+        with warn_instead(item, "cannot trace this test"):  # the test runs anyway, untraced
             profiled = any(self.config.hook.pytest_tfmem_profiles(item=item, rerun=None))
             run = self._start(item, request, FROM_START, profile=not profiled)
-        except Exception as error:  # the test runs anyway, untraced
-            item.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
+        if run is None:
             return (yield)
         try:
             return (yield)
@@ -255,9 +257,8 @@ class ExplainPlugin:
             run.peak, run.error = rerun.result.measurement.peak, rerun.result.error
         record = item.stash[core.RECORD]
         try:
-            self.explain(item, request, record, run)
-        except Exception as error:  # explaining must never hide the test's own failure
-            item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
+            with warn_instead(item, UNEXPLAINED):
+                self.explain(item, request, record, run)
         finally:
             _remove_capture(run.profiler)
 
@@ -287,10 +288,8 @@ class ExplainPlugin:
             del item.stash[OWN_RUN]
             request = self.request_for(item)
             if request is not None and record.failed_verdicts:
-                try:
+                with warn_instead(item, UNEXPLAINED):
                     self.explain(item, request, record, own_run)
-                except Exception as error:  # explaining must never hide the test's own failure
-                    item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
             _remove_capture(own_run.profiler)
         return item.stash.get(SECTIONS, None)
 

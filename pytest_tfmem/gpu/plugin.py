@@ -107,9 +107,15 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
     if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
         return None
     limit = item.config.stash.get(APPLIED_LIMIT, None)
-    found = oom.parse_oom(_tf_message(error))
-    record.extra[oom.CHECK] = oom.record_section(found, limit)
-    return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, None))
+    record.extra[oom.CHECK] = oom.record_section(oom.parse_oom(_tf_message(error)), limit)
+    return _oom_verdict(item.config, error, record, None)
+
+
+def _oom_verdict(config: pytest.Config, error: BaseException, record: TestRecord, trace: str | None) -> Verdict:
+    """The failed device-OOM verdict for TensorFlow's ``error`` (``trace``: the test's trace
+    directory, which the message points to)."""
+    found, limit = oom.parse_oom(_tf_message(error)), config.stash.get(APPLIED_LIMIT, None)
+    return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, trace))
 
 
 def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
@@ -330,11 +336,10 @@ class TfmemGpu:
             if record is None or verdict is None:
                 raise
             trace = record.extra.get("trace", {}).get("shown_directory")
-            limit = self.config.stash.get(APPLIED_LIMIT, None)
-            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, limit, trace)
-            record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
+            refined = _oom_verdict(self.config, error, record, trace)
+            record.verdicts[record.verdicts.index(verdict)] = refined
             publish(item, record)
-            failure = DeviceOutOfMemory(message)
+            failure = DeviceOutOfMemory(refined.message)
             failure.tf_error = error  # the message already quotes it: no chained traceback
             raise failure from None
 

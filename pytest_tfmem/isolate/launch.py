@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pytest_tfmem.core import pytest_internals
+from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.isolate.child import ChildSpec
-from pytest_tfmem.isolate.results import output_excerpt
 from pytest_tfmem.isolate.template import TemplateSpec, fork_unsafe_reason
 from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ChildProcess
 

@@ -26,6 +26,7 @@ import pytest
 
 from pytest_tfmem.core import manager as core, processes, pytest_internals, settings
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
+from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import MemoryLimitWarning, failure_for
@@ -39,7 +40,6 @@ from pytest_tfmem.isolate.results import (
     death_message,
     isolated_rows,
     isolated_section,
-    output_excerpt,
     reissue_warnings,
     sampled_measurement,
 )

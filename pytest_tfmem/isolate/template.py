@@ -40,7 +40,8 @@ from typing import Any, BinaryIO
 import pytest
 
 from pytest_tfmem.core import manager as core, pytest_internals
-from pytest_tfmem.isolate.child import ChildRun, ChildSpec, die_with_parent, single_test_options
+from pytest_tfmem.core.subsession import die_with_parent
+from pytest_tfmem.isolate.child import ChildRun, ChildSpec, single_test_options
 from pytest_tfmem.probes import tf as tf_probe
 
 EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun, RerunResult
 from pytest_tfmem.core.verdict import describe_views
@@ -34,6 +35,7 @@ MODES = (ON_FAILURE, ALWAYS, OFF)
 DEFAULT_ROOT = ".tfmem/traces"
 SECTION = "tfmem trace"
 RERUN_LABEL = "TensorBoard trace"  # what a re-run gives this feature, as the report names it
+INCOMPLETE = "the trace of this test is incomplete"  # the warning when tracing fails
 # The trace written for a test, on its item and in its record's ``extra["trace"]`` (where
 # features that analyse traces read it): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
 # (the command), ``traced`` ("rerun" or "run"), ``profiler`` (status), ``profiler_message``,
@@ -153,7 +155,8 @@ class TracePlugin:
                 return (yield)
         finally:
             if capture is not None:
-                _without_hiding_the_outcome(item, lambda: self._finish(item, capture, None))
+                with warn_instead(item, INCOMPLETE):
+                    self._finish(item, capture, None)
 
     def pytest_tfmem_profiles(self, item: pytest.Item, rerun: Rerun | None) -> bool:
         """The profiler runs over the test's own run in ``always`` mode, over the re-run it asked for."""
@@ -176,7 +179,8 @@ class TracePlugin:
             return (yield)
         with capturing(directory) as capture:
             yield
-        _without_hiding_the_outcome(item, lambda: self._finish(item, capture, rerun.result, rerun.output))
+        with warn_instead(item, INCOMPLETE):
+            self._finish(item, capture, rerun.result, rerun.output)
 
     def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None, output: str = "") -> None:
         """Write the trace, describe it on the item and its record (which travels to the controller)."""
@@ -278,16 +282,6 @@ def section_lines(info: dict[str, Any]) -> list[str]:
     lines.append(f"trace directory: {directory}")
     lines.append(f"open it: {info['tensorboard']}")
     return lines
-
-
-def _without_hiding_the_outcome(item: pytest.Item, step: Callable[[], None]) -> None:
-    """Run a tracing step; if it fails, warn instead of replacing the test's own outcome."""
-    try:
-        step()
-    except pytest.exit.Exception:
-        raise
-    except Exception as error:
-        item.warn(pytest.PytestWarning(f"pytest-tfmem: the trace of this test is incomplete: {error!r}"))
 
 
 def _first_line(text: str, limit: int = 200) -> str:

@@ -28,25 +28,18 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import manager as core, processes
-from pytest_tfmem.isolate.child import die_with_parent
-from pytest_tfmem.isolate.results import output_excerpt
+from pytest_tfmem.core.subsession import die_with_parent, output_excerpt, override_options
 from pytest_tfmem.probes import host, tf as tf_probe
 from pytest_tfmem.workers.fit import BASELINE_PEAK, BUDGET, Need
 
 OUTPUT_LINES = 20
 
-# Options set in the probe whatever the session's command line says (when the option exists):
-# no workers, no debugger, collection only, and no file the session itself writes.
+# Options set in the probe whatever the session's command line says (when the option exists),
+# besides those no run started for the session takes over: no workers, collection only, and no
+# file the session itself writes.
 _PROBE_OPTIONS: dict[str, Any] = {
-    "numprocesses": None,
-    "maxprocesses": None,
-    "dist": "no",
     "tx": [],
-    "looponfail": False,
-    "usepdb": False,
-    "trace": False,
     "collectonly": True,
-    "xmlpath": None,
     "report_log": None,
 }
 
@@ -117,9 +110,7 @@ class Probe:
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         processes.enter_child(config, self.session)  # -n auto here starts no probe of its own
-        for name, value in _PROBE_OPTIONS.items():
-            if hasattr(config.option, name):
-                setattr(config.option, name, value)
+        override_options(config, _PROBE_OPTIONS)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
