@@ -28,8 +28,10 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core import settings
 from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.handoffs import TraceHandoff
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun
 from pytest_tfmem.explain.lines import (
@@ -42,8 +44,7 @@ from pytest_tfmem.explain.lines import (
 )
 from pytest_tfmem.explain.tf_ops import AllocatorPeak, TraceUnreadable, memory_profile, peak_allocations, render_ops
 from pytest_tfmem.probes import tf as tf_probe
-from pytest_tfmem.trace.capture import update_summary
-from pytest_tfmem.trace.profiler import ProfilerCapture
+from pytest_tfmem.probes.profiler import ProfilerCapture
 from pytest_tfmem.units import format_size
 
 RERUN, FROM_START = "rerun", "from-start"
@@ -190,9 +191,9 @@ class ExplainPlugin:
 
     def request_for(self, item: pytest.Item) -> ExplainRequest | None:
         """The explanation the test asks for (options, then its marker), or ``None``."""
-        if not isinstance(item, pytest.Function) or not core.manager(self.config).is_measured(item):
+        if not isinstance(item, pytest.Function) or not manager(self.config).is_measured(item):
             return None
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         enabled, names = arguments.get("explain", (self.settings.enabled, ()))
         if not enabled:
             return None
@@ -255,7 +256,7 @@ class ExplainPlugin:
             self._stop(run)
         if rerun.result is not None:
             run.peak, run.error = rerun.result.measurement.peak, rerun.result.error
-        record = item.stash[core.RECORD]
+        record = item.stash[RECORD]
         try:
             with warn_instead(item, UNEXPLAINED):
                 self.explain(item, request, record, run)
@@ -264,11 +265,11 @@ class ExplainPlugin:
 
     def explain(self, item: pytest.Item, request: ExplainRequest, record: TestRecord, run: TracedRun) -> None:
         """Read the failed test's traced run (its TF trace too) and publish the explanation."""
-        trace = record.extra.get("trace")  # what the trace feature left, if it traced the test
-        trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
+        trace = TraceHandoff.of(record)  # what the trace feature left, if it traced the test
+        trace_files = [Path(trace.directory) / name for name in trace.profiler_files] if trace else []
         if trace and trace_files:
             source = "the test's TensorBoard trace (" + (
-                "its re-run by the trace feature)" if trace["traced"] == "rerun" else "its own run)")
+                "its re-run by the trace feature)" if trace.traced == "rerun" else "its own run)")
             profile_files = trace_files
         else:
             source = "TensorFlow's profiler during " + ("the re-run" if run.how == RERUN else "the test's own run")
@@ -365,12 +366,12 @@ def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
 
 
 def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], lines: list[FunctionLines],
-             allocators: list[AllocatorPeak], trace: dict[str, Any] | None) -> None:
+             allocators: list[AllocatorPeak], trace: TraceHandoff | None) -> None:
     """Put the explanation into the trace's summary, the record (refreshing the copy in the item's
     properties) and the report sections."""
     if trace is not None:
         try:
-            update_summary(trace["directory"], SECTION_KEY, data)
+            trace.add_to_summary(SECTION_KEY, data)
         except (OSError, ValueError) as error:
             data["notes"].append(f"not added to the trace's summary.json: {error}")
     record.extra[SECTION_KEY] = data

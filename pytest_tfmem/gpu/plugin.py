@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, oom, settings
+from pytest_tfmem.core import oom, settings
+from pytest_tfmem.core.handoffs import TraceHandoff
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.measure import Measurement, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.verdict import Verdict, view_label
@@ -293,7 +295,7 @@ class TfmemGpu:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
         if self.limit is not None:
-            core.manager(self.config).prepare_tensorflow()
+            manager(self.config).prepare_tensorflow()
 
     def pytest_tfmem_configure_tensorflow(self, config: pytest.Config, tf: ModuleType, runtime_started: bool) -> None:
         problems = []
@@ -312,7 +314,7 @@ class TfmemGpu:
             warnings.warn(TfmemDeviceWarning(f"pytest-tfmem: {problem}"), stacklevel=2)
 
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         budget = arguments.get("gpu_budget", self.budget)  # the marker's None exempts
         assert record.measurement is not None
         section = self._nvml_section()
@@ -331,11 +333,12 @@ class TfmemGpu:
         try:
             return (yield)
         except Exception as error:
-            record = item.stash.get(core.RECORD, None)
+            record = item.stash.get(RECORD, None)
             verdict = next((v for v in record.verdicts if v.check == oom.CHECK), None) if record else None
             if record is None or verdict is None:
                 raise
-            trace = record.extra.get("trace", {}).get("shown_directory")
+            traced = TraceHandoff.of(record)
+            trace = traced.shown_directory if traced is not None else None
             refined = _oom_verdict(self.config, error, record, trace)
             record.verdicts[record.verdicts.index(verdict)] = refined
             publish(item, record)
@@ -345,7 +348,7 @@ class TfmemGpu:
 
     @pytest.hookimpl(trylast=True)  # below the core's table
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        records = core.manager(self.config).records
+        records = manager(self.config).records
         if not records:
             return
         views_note = bool(self.options_given) or held_to_gpu_budgets(records)

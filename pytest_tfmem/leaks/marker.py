@@ -18,8 +18,9 @@ from collections.abc import Generator
 
 import pytest
 
-from pytest_tfmem.core import manager as core
 from pytest_tfmem.core.fixture import TfmemFixture
+from pytest_tfmem.core.handoffs import LeakHandoff, put_on
+from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.leaks import check as leaks
@@ -90,7 +91,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
         pytest.fail(f"@pytest.mark.{MARKER} repeats plain test functions only; "
                     "call tfmem.assert_no_leak(...) inside an async test instead", pytrace=False)
-    trackers = core.manager(item.config).trackers()
+    trackers = manager(item.config).trackers()
 
     @functools.wraps(function)
     def repeated(*args: object, **kwargs: object) -> None:
@@ -114,5 +115,6 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord) -> Verdict | None:
     if isinstance(fixture, TfmemFixture):
         reports += fixture.leak_reports  # their verdicts were raised (or caught) in the test body
     if reports:
-        record.extra["leak"] = max(reports, key=lambda r: r.growth_per_iteration).to_dict()
+        largest = max(reports, key=lambda r: r.growth_per_iteration)
+        put_on(record, LeakHandoff(largest.growth_per_iteration), largest.to_dict())
     return marker_report.verdict if marker_report is not None else None
