@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes, pytest_internals, settings
+from pytest_tfmem.core import processes, pytest_internals, settings
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.core.summary import render_table
@@ -36,8 +37,8 @@ from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
 from pytest_tfmem.isolate.results import (
     PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
-    complete,
     death_message,
+    has_teardown_report,
     isolated_rows,
     isolated_section,
     reissue_warnings,
@@ -153,7 +154,7 @@ class TfmemIsolation:
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         kill_at = arguments.get("kill_at", self.kill_at)
         reason = self.auto_reasons().get(item.nodeid) if self.auto else None
         isolate = arguments.get("isolate", self.isolate or kill_at is not None or reason is not None)
@@ -201,7 +202,7 @@ class TfmemIsolation:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            arguments = item.stash.get(core.ARGUMENTS, {})
+            arguments = item.stash.get(ARGUMENTS, {})
             for keyword in ("budget", "kill_at"):
                 message = self._above_limit(f"tfmem marker argument {keyword}", arguments.get(keyword))
                 if message:
@@ -323,7 +324,7 @@ class TfmemIsolation:
             isolated["reason"] = policy.reason
         for report in reports:
             add_isolated_numbers(report, isolated)
-        if not complete(reports):
+        if not has_teardown_report(reports):
             # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
             # before reporting usually does (Python's fault report, an error message).
             sigkilled = result.returncode == -signal.SIGKILL
@@ -354,7 +355,7 @@ class TfmemIsolation:
         record = TestRecord(
             item.nodeid,
             sampled_measurement(result, isolated["call_start_rss"], WATCH_INTERVAL_S),
-            budget=core.manager(self.config).budget_for(item),
+            budget=manager(self.config).budget_for(item),
             verdicts=[Verdict(check, False, message)],
             extra={"isolated": isolated},
         )
@@ -364,7 +365,7 @@ class TfmemIsolation:
             raise failure
 
         _evaluate_xfail(item)
-        item.stash[core.RECORD] = record  # the core adds its section to the call report
+        item.stash[RECORD] = record  # the core adds its section to the call report
         publish(item, record)  # reports made from the item carry it
         item.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
         report = item.ihook.pytest_runtest_makereport(item=item, call=pytest.CallInfo.from_call(raise_failure, phase))

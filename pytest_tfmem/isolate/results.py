@@ -40,7 +40,8 @@ def isolated_rows(records: list[TestRecord]) -> list[list[str]]:
     return rows
 
 
-def complete(reports: list[pytest.TestReport]) -> bool:
+def has_teardown_report(reports: list[pytest.TestReport]) -> bool:
+    """The child reported the test's teardown: it ran the test to its end."""
     return any(report.when == "teardown" for report in reports)
 
 

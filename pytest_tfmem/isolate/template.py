@@ -39,7 +39,8 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from pytest_tfmem.core import manager as core, pytest_internals
+from pytest_tfmem.core import pytest_internals
+from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent
 from pytest_tfmem.isolate.child import ChildRun, ChildSpec, single_test_options
 from pytest_tfmem.probes import tf as tf_probe
@@ -189,7 +190,7 @@ class TemplateRun:
         single_test_options(config, spec)
         pytest_internals.move_basetemp(config, Path(os.path.abspath(spec.basetemp)))
         config.args = [spec.target]
-        core.manager(config).collector.assume_full(self.collect_cost)
+        manager(config).collector.assume_full(self.collect_cost)
         run = ChildRun(spec)
         run.config = config
         config.pluginmanager.register(run, "tfmem-isolated-test")

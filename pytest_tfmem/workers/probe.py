@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes
+from pytest_tfmem.core import processes
+from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent, output_excerpt, override_options
 from pytest_tfmem.probes import host, tf as tf_probe
 from pytest_tfmem.workers.fit import BASELINE_PEAK, BUDGET, Need
@@ -114,12 +115,12 @@ class Probe:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
-        manager = core.manager(config)
+        tfmem_manager = manager(config)
         tests = [
-            ProbedTest(item.nodeid, manager.budget_for(item), config.hook.pytest_tfmem_known_peak(item=item))
+            ProbedTest(item.nodeid, tfmem_manager.budget_for(item), config.hook.pytest_tfmem_known_peak(item=item))
             for item in session.items
         ]
-        manager.prepare_tensorflow()  # as a worker does before its first measured test
+        tfmem_manager.prepare_tensorflow()  # as a worker does before its first measured test
         host.release_freed_memory()
         result = ProbeResult(
             rss=host.current_rss(),
