@@ -64,12 +64,10 @@ FEATURE_PACKAGES = {"explain", "gates", "gpu", "isolate", "journal", "leaks", "t
 # Libraries a feature offers every other part: the journal's file format and its reader.
 SHARED_LIBRARIES = {"pytest_tfmem.journal.format", "pytest_tfmem.journal.reader"}
 # Imports that go once what they import moves below the features: process-tree RSS and
-# ``describe_signal`` leave ``pytest_tfmem.isolate.watchdog`` for ``probes/``; the ``tfmem``
-# fixture's leak checks (``core/fixture.py``) become the leaks feature's.
+# ``describe_signal`` leave ``pytest_tfmem.isolate.watchdog`` for ``probes/``.
 NOT_YET_BELOW = {
     ("pytest_tfmem.journal.plugin", "pytest_tfmem.isolate.watchdog"),
     ("pytest_tfmem.workers.crash", "pytest_tfmem.isolate.watchdog"),
-    ("pytest_tfmem.core.fixture", "pytest_tfmem.leaks.check"),
 }
 
 

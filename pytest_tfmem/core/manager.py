@@ -16,7 +16,7 @@ import pytest
 from pytest_tfmem import hookspecs
 from pytest_tfmem.core import processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
-from pytest_tfmem.core.fixture import TfmemFixture
+from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
@@ -60,7 +60,8 @@ def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
 def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
     """Measure blocks (``with tfmem.measure() as m``), read ``peak()``/``current()``, ``clean()``."""
     item = request.node
-    return TfmemFixture(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
+    fixture_type = request.config.stash.get(FIXTURE_TYPE, TfmemFixture)
+    return fixture_type(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
 
 
 def manager(config: pytest.Config) -> TfmemManager:

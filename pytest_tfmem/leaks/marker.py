@@ -18,12 +18,13 @@ from collections.abc import Generator
 
 import pytest
 
-from pytest_tfmem.core.fixture import TfmemFixture
+from pytest_tfmem.core.fixture import FIXTURE_TYPE
 from pytest_tfmem.core.handoffs import LeakHandoff, put_on
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.leaks import check as leaks
+from pytest_tfmem.leaks.fixture import LeakCheckingFixture
 
 MARKER = "tfmem_leak"
 KEYWORDS = ("iterations", "warmup", "max_growth")
@@ -36,6 +37,7 @@ def pytest_tfmem_measuring_markers() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[FIXTURE_TYPE] = LeakCheckingFixture  # ``tfmem.leak_check``, ``tfmem.assert_no_leak``
     config.addinivalue_line(
         "markers",
         f"{MARKER}(iterations={leaks.DEFAULT_ITERATIONS}, warmup={leaks.DEFAULT_WARMUP}, "
@@ -112,7 +114,7 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord) -> Verdict | None:
     marker_report = item.stash.get(REPORT, None)
     reports = [marker_report] if marker_report is not None else []
     fixture = getattr(item, "funcargs", {}).get("tfmem")
-    if isinstance(fixture, TfmemFixture):
+    if isinstance(fixture, LeakCheckingFixture):
         reports += fixture.leak_reports  # their verdicts were raised (or caught) in the test body
     if reports:
         largest = max(reports, key=lambda r: r.growth_per_iteration)
