@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,19 +33,26 @@ def _new_file_mode() -> int:
     return 0o666 & ~umask
 
 
+@contextlib.contextmanager
+def _removed_on_failure(temporary: str) -> Iterator[None]:
+    """Remove the temporary file if the block fails (a full disk, an interrupt)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
 def _write_temporary(target: Path, text: str, mode: int) -> str:
     """A temporary file beside ``target`` holding ``text``, flushed to disk, with ``mode``."""
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
+    with _removed_on_failure(temporary):
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
         os.chmod(temporary, mode)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
     return temporary
 
 
@@ -60,12 +68,22 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except FileNotFoundError:
         mode = _new_file_mode()
     temporary = _write_temporary(target, text, mode)
-    try:
+    with _removed_on_failure(temporary):
         os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+
+
+def write_file_atomic(path: str | os.PathLike[str], write: Callable[[str], object]) -> None:
+    """Let ``write`` write a temporary file beside ``path`` (it gets the file's name: for writers
+    that open the file themselves, like matplotlib's ``savefig``), then rename it over ``path``.
+
+    If ``write`` fails the old file is left as it was and the temporary file is removed.
+    """
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    with _removed_on_failure(temporary):
+        write(temporary)
+        os.replace(temporary, target)
 
 
 def create_text_atomic(path: str | os.PathLike[str], text: str) -> bool:

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from measure_helpers import ScriptedSource
 
 from pytest_tfmem.core.measure import Monitor, PeakTracker
 from pytest_tfmem.explain.lines import (
@@ -20,29 +21,6 @@ from pytest_tfmem.explain.lines import (
 )
 
 MB = 10**6
-
-
-class ScriptedSource:
-    """A peak source whose level the test sets by hand."""
-
-    name = "scripted"
-
-    def __init__(self) -> None:
-        self.level = 0
-        self.high = 0
-
-    def set(self, level: int) -> None:
-        self.level = level
-        self.high = max(self.high, level)
-
-    def current(self) -> int:
-        return self.level
-
-    def peak(self) -> int:
-        return self.high
-
-    def reset_peak(self) -> None:
-        self.high = self.level
 
 
 def test_restart_reads_a_window_and_starts_it_over_without_hiding_the_outer_peak():

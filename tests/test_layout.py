@@ -57,6 +57,103 @@ def test_a_feature_imports_no_other_features_plugin_module(path: Path):
     assert not imported_modules(path) & others
 
 
+# Feature subpackages: each a concern of its own that meets the others only through the core.
+# ``core`` and ``probes`` (below every feature) and ``cli`` (the command, which reads the files
+# the features write) are no features.
+FEATURE_PACKAGES = {"explain", "gates", "gpu", "isolate", "journal", "leaks", "trace", "workers"}
+# Libraries a feature offers every other part: the journal's file format and its reader.
+SHARED_LIBRARIES = {"pytest_tfmem.journal.format", "pytest_tfmem.journal.reader"}
+# Imports that go once what they import moves below the features: process-tree RSS and
+# ``describe_signal`` leave ``pytest_tfmem.isolate.watchdog`` for ``probes/``.
+NOT_YET_BELOW = {
+    ("pytest_tfmem.journal.plugin", "pytest_tfmem.isolate.watchdog"),
+    ("pytest_tfmem.workers.crash", "pytest_tfmem.isolate.watchdog"),
+}
+
+
+def imported_package_modules(path: Path) -> set[str]:
+    """The ``pytest_tfmem`` modules ``path`` imports, anywhere in it (``from a import b``: ``a.b``
+    if that is a module, else ``a``; a package only where none of its modules is named)."""
+    modules = set()
+    for name in imported_modules(path):
+        if not name.startswith("pytest_tfmem."):
+            continue
+        parts = name.split(".")
+        is_module = ROOT.joinpath(*parts).with_suffix(".py").is_file() or (ROOT.joinpath(*parts) / "__init__.py").is_file()
+        modules.add(name if is_module else ".".join(parts[:-1]))
+    # ``from pytest_tfmem.leaks import check`` imports the module ``check``, not just its package
+    return {name for name in modules if not any(other.startswith(f"{name}.") for other in modules)}
+
+
+def feature_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[1] in FEATURE_PACKAGES else None
+
+
+def test_the_feature_packages_are_the_subpackages_besides_core_probes_and_cli():
+    assert set(FEATURES) - {"cli", "core", "probes"} == FEATURE_PACKAGES
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)
+def test_a_feature_imports_no_other_feature_and_the_core_and_probes_none(path: Path):
+    """What two features share lives below both (``core/``, ``probes/``), or travels as a typed
+    value (``core/handoffs.py``); the command line and the package's top level may use any."""
+    module = module_name(path)
+    own = module.split(".")[1] if path.parent != PACKAGE else None
+    if own == "cli" or path.parent == PACKAGE:
+        return
+    crossing = {
+        imported
+        for imported in imported_package_modules(path)
+        if feature_of(imported) not in (None, own) and imported not in SHARED_LIBRARIES
+    }
+    assert crossing <= {imported for importer, imported in NOT_YET_BELOW if importer == module}, crossing
+
+
+def test_the_allowed_crossings_still_exist():
+    """An entry of ``NOT_YET_BELOW`` goes as soon as its import goes."""
+    for importer, imported in NOT_YET_BELOW:
+        path = ROOT.joinpath(*importer.split(".")).with_suffix(".py")
+        assert imported in imported_package_modules(path), (importer, imported)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "probes").glob("*.py")), ids=module_name)
+def test_probes_know_nothing_of_pytest_or_the_rest_of_the_package(path: Path):
+    imported = imported_modules(path)
+    assert not {name for name in imported if name.split(".")[0] in ("pytest", "_pytest", "pluggy")}
+    package = imported_package_modules(path)
+    assert all(name.startswith("pytest_tfmem.probes") for name in package), package
+
+
+@pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)
+def test_pytest_internals_are_reached_only_through_core_pytest_internals(path: Path):
+    """``_pytest`` modules and ``_private`` attributes of pytest's objects: see
+    ``core/pytest_internals.py`` (and ``tests/test_pytest_internals.py``)."""
+    if path == PACKAGE / "core" / "pytest_internals.py":
+        return
+    tree = ast.parse(path.read_text(), str(path))
+    assert not {name for name in imported_modules(path) if name.split(".")[0] == "_pytest"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            assert not node.value.startswith("_pytest"), ast.unparse(node)
+        if isinstance(node, ast.Attribute) and node.attr in PYTEST_PRIVATE_ATTRIBUTES:
+            raise AssertionError(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "hasattr", "setattr"):
+            names = [arg.value for arg in node.args[1:2] if isinstance(arg, ast.Constant)]
+            assert not set(names) & PYTEST_PRIVATE_ATTRIBUTES, ast.unparse(node)
+
+
+# The private attributes of pytest's objects the plugin uses (``core/pytest_internals.py``).
+PYTEST_PRIVATE_ATTRIBUTES = {
+    "_excinfo",
+    "_fixtureinfo",
+    "_setupstate",
+    "_tmp_path_factory",
+    "_basetemp",
+    "_given_basetemp",
+}
+
+
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)
 def test_no_plugin_is_looked_up_by_name(path: Path):
     """``pluginmanager.get_plugin("tfmem-...")``: features meet through hooks and the core instead."""

@@ -8,35 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from measure_helpers import ScriptedSource
 
 from pytest_tfmem.core.measure import MIXED_MARGIN, Measurement, PeakTracker, ViewReading
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.mixed import MixedSampler
 
 MIB = 2**20
-
-
-class ScriptedSource:
-    """A peak source whose level the test sets by hand."""
-
-    name = "scripted"
-
-    def __init__(self) -> None:
-        self.level = 0
-        self.high = 0
-
-    def set(self, level: int) -> None:
-        self.level = level
-        self.high = max(self.high, level)
-
-    def current(self) -> int:
-        return self.level
-
-    def peak(self) -> int:
-        return self.high
-
-    def reset_peak(self) -> None:
-        self.high = self.level
 
 
 def test_an_inner_window_reset_does_not_hide_the_outer_peak():

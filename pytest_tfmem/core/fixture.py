@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import pytest
+
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
-from pytest_tfmem.leaks import check as leaks
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.tf import clear_keras_sessions
 from pytest_tfmem.units import format_size
@@ -52,7 +53,6 @@ class TfmemFixture:
     ) -> None:
         self._test_monitor = test_monitor  # the per-test window opens after fixtures are set up
         self._trackers = trackers  # the features' own trackers (NVML...), read in every window
-        self.leak_reports: list[leaks.LeakReport] = []  # this test's leak checks, for its record
 
     @contextmanager
     def measure(self) -> Iterator[MeasureResult]:
@@ -86,18 +86,7 @@ class TfmemFixture:
         host.release_freed_memory()
         return CleanReport(max(0, before - host.current_rss()), tuple(actions))
 
-    def leak_check(
-        self,
-        fn: Callable[[], object],
-        iterations: int = leaks.DEFAULT_ITERATIONS,
-        warmup: int = leaks.DEFAULT_WARMUP,
-        max_growth: int | str = leaks.DEFAULT_MAX_GROWTH,
-    ) -> leaks.LeakReport:
-        """Call ``fn`` ``warmup`` times, then ``iterations`` measured times; report the growth."""
-        report = leaks.leak_check(fn, iterations, warmup, max_growth, trackers=self._trackers())
-        self.leak_reports.append(report)
-        return report
 
-    assert_no_leak = leaks.failing_on_leak(
-        leak_check, "``leak_check``, then fail the test with ``LeakDetected`` if it grew over ``max_growth``."
-    )
+# What the ``tfmem`` fixture is: ``TfmemFixture``, or the subclass a feature that adds methods
+# to it puts here when it configures (the leaks feature: ``leak_check``, ``assert_no_leak``).
+FIXTURE_TYPE = pytest.StashKey[type[TfmemFixture]]()

@@ -8,15 +8,15 @@ hooks (``hookspecs.py``).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
 
 from pytest_tfmem import hookspecs
-from pytest_tfmem.core import attempts, processes, settings
-from pytest_tfmem.core.fixture import TfmemFixture
+from pytest_tfmem.core import attempts, processes, pytest_internals, settings
+from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
@@ -61,7 +61,8 @@ def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
 def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
     """Measure blocks (``with tfmem.measure() as m``), read ``peak()``/``current()``, ``clean()``."""
     item = request.node
-    return TfmemFixture(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
+    fixture_type = request.config.stash.get(FIXTURE_TYPE, TfmemFixture)
+    return fixture_type(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
 
 
 def manager(config: pytest.Config) -> TfmemManager:
@@ -171,7 +172,7 @@ class TfmemManager:
         except BaseException as raised:
             self._after_call(item, monitor, raised)
             raise
-        record = self._after_call(item, monitor, _unittest_error(item))
+        record = self._after_call(item, monitor, pytest_internals.unittest_error(item))
         self.fail_if_needed(record)
 
     def _after_call(self, item: pytest.Item, monitor: Monitor, error: BaseException | None) -> TestRecord:
@@ -204,15 +205,8 @@ class TfmemManager:
         if refusal is not None:
             record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
         else:
-            try:
-                with separate_output(item):
-                    self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
-            except pytest.exit.Exception:
-                raise
-            except Exception as error:  # a re-run must never hide the test's own outcome
-                warnings.warn(
-                    pytest.PytestWarning(f"pytest-tfmem: the re-run of {item.nodeid} failed: {error!r}"), stacklevel=1
-                )
+            with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
+                self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
             self.first_reruns.remember(item.nodeid, extra_before, record.extra)
         publish(item, record)
 
@@ -279,9 +273,3 @@ def _section_text(record: TestRecord) -> str:
     rows = render_table(summary_rows([record], 1, subtests=True))
     return "\n".join([*rows, *record.measurement.notes, *record.notes])
 
-
-def _unittest_error(item: pytest.Item) -> BaseException | None:
-    """What a ``unittest.TestCase`` method raised: unittest catches it, pytest keeps it on the
-    item until the report is made (no public API for this)."""
-    excinfo = getattr(item, "_excinfo", None)
-    return excinfo[0].value if excinfo else None

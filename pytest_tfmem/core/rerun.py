@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.subtests import for_rerun
 
@@ -72,14 +73,7 @@ def rerun_refusal(item: pytest.Item, allowed: bool) -> str | None:
 
 
 def _read_captured(item: pytest.Item) -> tuple[str, str]:
-    capture = item.config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        return "", ""
-    try:
-        out, err = capture.read_global_capture()
-    except (AssertionError, AttributeError):  # capturing not started (pytest internals differ)
-        return "", ""
-    return out, err
+    return pytest_internals.read_global_capture(item.config) or ("", "")
 
 
 @contextmanager
@@ -130,7 +124,7 @@ def rerun_test_body(
         if is_unittest_method(item):
             error = _run_unittest_method(item)
         else:
-            item.obj(**{name: for_rerun(item.funcargs[name]) for name in item._fixtureinfo.argnames})
+            item.obj(**{name: for_rerun(item.funcargs[name]) for name in pytest_internals.fixture_argnames(item)})
     except pytest.exit.Exception:
         raise
     except (Exception, pytest.fail.Exception, pytest.skip.Exception) as raised:

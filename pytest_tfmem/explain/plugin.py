@@ -28,7 +28,10 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, settings
+from pytest_tfmem.core import settings
+from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.handoffs import TraceHandoff
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun
 from pytest_tfmem.explain.lines import (
@@ -41,8 +44,7 @@ from pytest_tfmem.explain.lines import (
 )
 from pytest_tfmem.explain.tf_ops import AllocatorPeak, TraceUnreadable, memory_profile, peak_allocations, render_ops
 from pytest_tfmem.probes import tf as tf_probe
-from pytest_tfmem.trace.capture import update_summary
-from pytest_tfmem.trace.profiler import ProfilerCapture
+from pytest_tfmem.probes.profiler import ProfilerCapture
 from pytest_tfmem.units import format_size
 
 RERUN, FROM_START = "rerun", "from-start"
@@ -50,6 +52,7 @@ MODES = (RERUN, FROM_START)
 RERUN_LABEL = "memory-by-line table"  # what a re-run gives this feature, as the report names it
 SECTION_KEY = "explain"  # in ``TestRecord.extra`` and the trace's ``summary.json``
 TF_SECTION = "memory at the peak by TensorFlow op"
+UNEXPLAINED = "could not explain this failure"  # the warning when explaining fails
 LEGEND = [
     "Peak+: the largest increase while the line ran; Net: what the line kept;",
     "Peak: the highest level while it ran, above where tracing began (host RSS or TF CPU allocator, the larger)",
@@ -188,9 +191,9 @@ class ExplainPlugin:
 
     def request_for(self, item: pytest.Item) -> ExplainRequest | None:
         """The explanation the test asks for (options, then its marker), or ``None``."""
-        if not isinstance(item, pytest.Function) or not core.manager(self.config).is_measured(item):
+        if not isinstance(item, pytest.Function) or not manager(self.config).is_measured(item):
             return None
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         enabled, names = arguments.get("explain", (self.settings.enabled, ()))
         if not enabled:
             return None
@@ -222,11 +225,11 @@ class ExplainPlugin:
         if request is None or request.mode != FROM_START:
             return (yield)
         assert isinstance(item, pytest.Function)
-        try:
+        run = None
+        with warn_instead(item, "cannot trace this test"):  # the test runs anyway, untraced
             profiled = any(self.config.hook.pytest_tfmem_profiles(item=item, rerun=None))
             run = self._start(item, request, FROM_START, profile=not profiled)
-        except Exception as error:  # the test runs anyway, untraced
-            item.warn(pytest.PytestWarning(f"pytest-tfmem: cannot trace this test: {error!r}"))
+        if run is None:
             return (yield)
         try:
             return (yield)
@@ -253,21 +256,20 @@ class ExplainPlugin:
             self._stop(run)
         if rerun.result is not None:
             run.peak, run.error = rerun.result.measurement.peak, rerun.result.error
-        record = item.stash[core.RECORD]
+        record = item.stash[RECORD]
         try:
-            self.explain(item, request, record, run)
-        except Exception as error:  # explaining must never hide the test's own failure
-            item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
+            with warn_instead(item, UNEXPLAINED):
+                self.explain(item, request, record, run)
         finally:
             _remove_capture(run.profiler)
 
     def explain(self, item: pytest.Item, request: ExplainRequest, record: TestRecord, run: TracedRun) -> None:
         """Read the failed test's traced run (its TF trace too) and publish the explanation."""
-        trace = record.extra.get("trace")  # what the trace feature left, if it traced the test
-        trace_files = [Path(trace["directory"]) / name for name in trace["profiler_files"]] if trace else []
+        trace = TraceHandoff.of(record)  # what the trace feature left, if it traced the test
+        trace_files = [Path(trace.directory) / name for name in trace.profiler_files] if trace else []
         if trace and trace_files:
             source = "the test's TensorBoard trace (" + (
-                "its re-run by the trace feature)" if trace["traced"] == "rerun" else "its own run)")
+                "its re-run by the trace feature)" if trace.traced == "rerun" else "its own run)")
             profile_files = trace_files
         else:
             source = "TensorFlow's profiler during " + ("the re-run" if run.how == RERUN else "the test's own run")
@@ -287,10 +289,8 @@ class ExplainPlugin:
             del item.stash[OWN_RUN]
             request = self.request_for(item)
             if request is not None and record.failed_verdicts:
-                try:
+                with warn_instead(item, UNEXPLAINED):
                     self.explain(item, request, record, own_run)
-                except Exception as error:  # explaining must never hide the test's own failure
-                    item.warn(pytest.PytestWarning(f"pytest-tfmem: could not explain this failure: {error!r}"))
             _remove_capture(own_run.profiler)
         return item.stash.get(SECTIONS, None)
 
@@ -366,12 +366,12 @@ def sections(nodeid: str, data: dict[str, Any], lines: list[FunctionLines],
 
 
 def _publish(item: pytest.Item, record: TestRecord, data: dict[str, Any], lines: list[FunctionLines],
-             allocators: list[AllocatorPeak], trace: dict[str, Any] | None) -> None:
+             allocators: list[AllocatorPeak], trace: TraceHandoff | None) -> None:
     """Put the explanation into the trace's summary, the record (refreshing the copy in the item's
     properties) and the report sections."""
     if trace is not None:
         try:
-            update_summary(trace["directory"], SECTION_KEY, data)
+            trace.add_to_summary(SECTION_KEY, data)
         except (OSError, ValueError) as error:
             data["notes"].append(f"not added to the trace's summary.json: {error}")
     record.extra[SECTION_KEY] = data

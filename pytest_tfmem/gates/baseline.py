@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem.core.handoffs import LeakHandoff
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.files import FileFormatError, VersionedJson
@@ -77,12 +78,11 @@ class BaselineEntry:
     @classmethod
     def from_record(cls, record: TestRecord) -> BaselineEntry:
         assert record.measurement is not None
-        leak = record.extra.get("leak")  # a leak check's ``LeakReport.to_dict()``
-        slope = leak.get("growth_per_iteration") if isinstance(leak, dict) else None
+        leak = LeakHandoff.of(record)  # what the test's leak checks measured
         return cls(
             peak=record.measurement.peak,
             views={view.view: view.increase for view in record.measurement.views},
-            leak_slope=float(slope) if isinstance(slope, (int, float)) and not isinstance(slope, bool) else None,
+            leak_slope=leak.growth_per_iteration if leak is not None else None,
         )
 
 

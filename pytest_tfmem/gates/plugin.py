@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pytest_tfmem import __version__
-from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core.manager import ARGUMENTS, manager
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
@@ -150,7 +151,7 @@ class CiGates:
     @pytest.hookimpl
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """Hold the test to its baseline entry, with its marker's tolerance if it has one."""
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         tolerance = arguments.get("tolerance", self.tolerance)
         if "tolerance" in arguments:
             record.extra["tolerance"] = str(tolerance)  # so ``tfmem compare`` applies it too
@@ -164,13 +165,13 @@ class CiGates:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if not processes.role(self.config).writes_session_outputs:
             return
-        records = core.manager(self.config).records
+        records = manager(self.config).records
         if self.save_path is not None:
             self._save_baseline(session, records, exitstatus)
         if self.report_path is not None:
             report = self._report(records, exitstatus)
             self._write(session, "JSON report", self.report_path, lambda path: write_report(report, path))
-        top = core.manager(self.config).settings.top
+        top = manager(self.config).settings.top
         markdown = session_markdown(records, top=top, notes=self.environment_notes)
         if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
@@ -231,7 +232,7 @@ class CiGates:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        records = core.manager(self.config).records
+        records = manager(self.config).records
         if self.baseline is not None and records:
             self._summarise_comparisons(terminalreporter, records)
         elif self.outcome_lines:

@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, oom, settings
+from pytest_tfmem.core import oom, settings
+from pytest_tfmem.core.handoffs import TraceHandoff
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.measure import Measurement, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.verdict import Verdict, view_label
@@ -107,9 +109,15 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
     if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
         return None
     limit = item.config.stash.get(APPLIED_LIMIT, None)
-    found = oom.parse_oom(_tf_message(error))
-    record.extra[oom.CHECK] = oom.record_section(found, limit)
-    return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, None))
+    record.extra[oom.CHECK] = oom.record_section(oom.parse_oom(_tf_message(error)), limit)
+    return _oom_verdict(item.config, error, record, None)
+
+
+def _oom_verdict(config: pytest.Config, error: BaseException, record: TestRecord, trace: str | None) -> Verdict:
+    """The failed device-OOM verdict for TensorFlow's ``error`` (``trace``: the test's trace
+    directory, which the message points to)."""
+    found, limit = oom.parse_oom(_tf_message(error)), config.stash.get(APPLIED_LIMIT, None)
+    return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, trace))
 
 
 def gpu_views(measurement: Measurement) -> list[tuple[str, int]]:
@@ -287,7 +295,7 @@ class TfmemGpu:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
         if self.limit is not None:
-            core.manager(self.config).prepare_tensorflow()
+            manager(self.config).prepare_tensorflow()
 
     def pytest_tfmem_configure_tensorflow(self, config: pytest.Config, tf: ModuleType, runtime_started: bool) -> None:
         problems = []
@@ -306,7 +314,7 @@ class TfmemGpu:
             warnings.warn(TfmemDeviceWarning(f"pytest-tfmem: {problem}"), stacklevel=2)
 
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         budget = arguments.get("gpu_budget", self.budget)  # the marker's None exempts
         assert record.measurement is not None
         section = self._nvml_section()
@@ -325,22 +333,22 @@ class TfmemGpu:
         try:
             return (yield)
         except Exception as error:
-            record = item.stash.get(core.RECORD, None)
+            record = item.stash.get(RECORD, None)
             verdict = next((v for v in record.verdicts if v.check == oom.CHECK), None) if record else None
             if record is None or verdict is None:
                 raise
-            trace = record.extra.get("trace", {}).get("shown_directory")
-            limit = self.config.stash.get(APPLIED_LIMIT, None)
-            message = oom.describe_oom(oom.parse_oom(_tf_message(error)), record.measurement, limit, trace)
-            record.verdicts[record.verdicts.index(verdict)] = Verdict(oom.CHECK, False, message)
+            traced = TraceHandoff.of(record)
+            trace = traced.shown_directory if traced is not None else None
+            refined = _oom_verdict(self.config, error, record, trace)
+            record.verdicts[record.verdicts.index(verdict)] = refined
             publish(item, record)
-            failure = DeviceOutOfMemory(message)
+            failure = DeviceOutOfMemory(refined.message)
             failure.tf_error = error  # the message already quotes it: no chained traceback
             raise failure from None
 
     @pytest.hookimpl(trylast=True)  # below the core's table
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        records = core.manager(self.config).records
+        records = manager(self.config).records
         if not records:
             return
         views_note = bool(self.options_given) or held_to_gpu_budgets(records)

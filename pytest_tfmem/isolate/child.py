@@ -17,11 +17,7 @@ test's process by its role (``core.processes``): session-wide outputs are the pa
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
-import os
-import signal
 import sys
 import time
 from collections.abc import Generator
@@ -31,19 +27,12 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core import processes, settings, subsession
 from pytest_tfmem.probes import host
 
-_PR_SET_PDEATHSIG = 1
-
-# Options set in the child whatever the session's command line says (when the option exists).
+# Options set in the child whatever the session's command line says (when the option exists),
+# besides those no run started for the session takes over (``subsession.override_options``).
 _SINGLE_TEST_OPTIONS: dict[str, Any] = {
-    "numprocesses": None,  # pytest-xdist: no workers of its own
-    "maxprocesses": None,
-    "dist": "no",
-    "looponfail": False,
-    "usepdb": False,  # no debugger: nobody is at the child's terminal
-    "trace": False,
     "lf": False,  # selection: the child runs exactly the test it was given
     "failedfirst": False,
     "newfirst": False,
@@ -51,7 +40,6 @@ _SINGLE_TEST_OPTIONS: dict[str, Any] = {
     "stepwise_skip": False,
     "keyword": "",
     "markexpr": "",
-    "xmlpath": None,  # the session's JUnit XML file is the parent's to write
 }
 
 
@@ -177,25 +165,14 @@ def single_test_options(config: pytest.Config, spec: ChildSpec) -> None:
     """Make the process an isolated test's (``processes.enter_child``) and switch off what
     makes no sense for one test in a child; before ``pytest_configure``, so every plugin sees it."""
     processes.enter_child(config, spec.session)
-    for name, value in _SINGLE_TEST_OPTIONS.items():
-        if hasattr(config.option, name):
-            setattr(config.option, name, value)
+    subsession.override_options(config, _SINGLE_TEST_OPTIONS)
     config.option.basetemp = spec.basetemp
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``),
-    so an isolated test never outlives a session that was killed."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     spec = ChildSpec.read(Path(arguments[0]))
-    die_with_parent(spec.parent_pid)
+    subsession.die_with_parent(spec.parent_pid)
     return int(pytest.main(spec.args, plugins=[ChildRun(spec)]))
 
 

@@ -29,8 +29,9 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from pytest_tfmem.core import pytest_internals
+from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.isolate.child import ChildSpec
-from pytest_tfmem.isolate.results import output_excerpt
 from pytest_tfmem.isolate.template import TemplateSpec, fork_unsafe_reason
 from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ChildProcess
 
@@ -107,7 +108,7 @@ def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> 
         os.chdir(cwd)
         # The session's pytest logging handlers (its log file, live logging) are not the template's.
         for handler in list(logging.root.handlers):
-            if type(handler).__module__ == "_pytest.logging":
+            if pytest_internals.is_pytest_logging_handler(handler):
                 logging.root.removeHandler(handler)
         from pytest_tfmem.isolate.template import main as template_main
 

@@ -24,8 +24,10 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core import processes, pytest_internals, settings
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
+from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import MemoryLimitWarning, failure_for
@@ -35,12 +37,11 @@ from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
 from pytest_tfmem.isolate.results import (
     PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
-    complete,
     death_message,
     died_in_call,
     isolated_rows,
     isolated_section,
-    output_excerpt,
+    ran_to_its_end,
     reissue_warnings,
     sampled_measurement,
 )
@@ -153,7 +154,7 @@ class TfmemIsolation:
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         kill_at = arguments.get("kill_at", self.kill_at)
         reason = self.auto_reasons().get(item.nodeid) if self.auto else None
         isolate = arguments.get("isolate", self.isolate or kill_at is not None or reason is not None)
@@ -201,7 +202,7 @@ class TfmemIsolation:
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            arguments = item.stash.get(core.ARGUMENTS, {})
+            arguments = item.stash.get(ARGUMENTS, {})
             for keyword in ("budget", "kill_at"):
                 message = self._above_limit(f"tfmem marker argument {keyword}", arguments.get(keyword))
                 if message:
@@ -249,9 +250,7 @@ class TfmemIsolation:
         teardown phase would; an error there is reported as this test's teardown error."""
         if item.session.shouldfail or item.session.shouldstop:
             nextitem = None
-        call = pytest.CallInfo.from_call(
-            lambda: item.session._setupstate.teardown_exact(nextitem), when="teardown"
-        )
+        call = pytest.CallInfo.from_call(lambda: pytest_internals.teardown_exact(item, nextitem), when="teardown")
         if call.excinfo is not None:
             item.ihook.pytest_runtest_logreport(report=_report_made_here(item, call))
 
@@ -290,7 +289,7 @@ class TfmemIsolation:
             self.launcher.close()
 
     def _workdir(self, name: str = "tfmem-isolated") -> Path:
-        factory = getattr(self.config, "_tmp_path_factory", None)
+        factory = pytest_internals.tmp_path_factory(self.config)
         if factory is not None:
             return factory.mktemp(name, numbered=True)
         return Path(tempfile.mkdtemp(prefix=f"{name}-"))
@@ -325,7 +324,7 @@ class TfmemIsolation:
             isolated["reason"] = policy.reason
         for report in reports:
             add_isolated_numbers(report, isolated)
-        if not complete(reports, events):
+        if not ran_to_its_end(reports, events):
             # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
             # before reporting usually does (Python's fault report, an error message).
             sigkilled = result.returncode == -signal.SIGKILL
@@ -358,7 +357,7 @@ class TfmemIsolation:
         record = TestRecord(
             item.nodeid,
             sampled_measurement(result, isolated["call_start_rss"], WATCH_INTERVAL_S),
-            budget=core.manager(self.config).budget_for(item),
+            budget=manager(self.config).budget_for(item),
             verdicts=[Verdict(check, False, message)],
             extra={"isolated": isolated},
         )
@@ -368,7 +367,7 @@ class TfmemIsolation:
             raise failure
 
         _evaluate_xfail(item)
-        item.stash[core.RECORD] = record  # the core adds its section to the call report
+        item.stash[RECORD] = record  # the core adds its section to the call report
         publish(item, record)  # reports made from the item carry it
         item.user_properties.append((PROCESS_PEAK_PROPERTY, isolated["process_peak"]))
         report = _report_made_here(item, pytest.CallInfo.from_call(raise_failure, phase))
@@ -386,7 +385,7 @@ class TfmemIsolation:
     @property
     def isolated_records(self) -> list[TestRecord]:
         """The records of the tests run isolated (one per test: pytest-rerunfailures' last attempt)."""
-        return [record for record in core.manager(self.config).records if "isolated" in record.extra]
+        return [record for record in manager(self.config).records if "isolated" in record.extra]
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
@@ -421,6 +420,4 @@ def _report_made_here(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestRe
 def _evaluate_xfail(item: pytest.Item) -> None:
     """Let ``@pytest.mark.xfail(raises=KilledAtLimit)`` apply to a report made here, as it
     would have in the child (pytest evaluates xfail marks during set-up, which ran there)."""
-    from _pytest import skipping  # no public API for this
-
-    item.stash[skipping.xfailed_key] = skipping.evaluate_xfail_marks(item)
+    pytest_internals.evaluate_xfail(item)

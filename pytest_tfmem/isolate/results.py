@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,8 +57,15 @@ def died_in_call(events: list[dict[str, Any]]) -> bool:
     return call is not None and call_end is None
 
 
-def complete(reports: list[pytest.TestReport], events: list[dict[str, Any]]) -> bool:
-    return any(report.when == "teardown" for report in reports) and not died_in_call(events)
+def has_teardown_report(reports: list[pytest.TestReport]) -> bool:
+    """The child reported the test's teardown."""
+    return any(report.when == "teardown" for report in reports)
+
+
+def ran_to_its_end(reports: list[pytest.TestReport], events: list[dict[str, Any]]) -> bool:
+    """The child ran the test to its end: it reported the teardown, and its last call phase
+    (the last attempt's, with pytest-rerunfailures) ended."""
+    return has_teardown_report(reports) and not died_in_call(events)
 
 
 def isolated_section(
@@ -153,20 +159,6 @@ def warning_category(qualified_name: str) -> type[Warning]:
     module = sys.modules.get(module_name)
     category = getattr(module, name, None)
     return category if isinstance(category, type) and issubclass(category, Warning) else UserWarning
-
-
-def output_excerpt(path: Path, lines: int) -> str:
-    """The child's last output lines; from a crash, the start of Python's fault report
-    (``Fatal Python error``: the failing thread's innermost frames come first)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    fatal = next((i for i, line in enumerate(text) if "Fatal Python error" in line), None)
-    if fatal is None:
-        return "\n".join(text[-lines:])
-    text[fatal] = text[fatal][text[fatal].index("Fatal Python error") :]
-    return "\n".join(text[fatal : fatal + lines])
 
 
 def death_message(

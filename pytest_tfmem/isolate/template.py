@@ -39,8 +39,10 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from pytest_tfmem.core import manager as core
-from pytest_tfmem.isolate.child import ChildRun, ChildSpec, die_with_parent, single_test_options
+from pytest_tfmem.core import pytest_internals
+from pytest_tfmem.core.manager import manager
+from pytest_tfmem.core.subsession import die_with_parent
+from pytest_tfmem.isolate.child import ChildRun, ChildSpec, single_test_options
 from pytest_tfmem.probes import tf as tf_probe
 
 EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path
@@ -186,12 +188,9 @@ class TemplateRun:
         assert spec.output is not None
         redirect_output(config, spec.output)
         single_test_options(config, spec)
-        factory = getattr(config, "_tmp_path_factory", None)
-        if factory is not None:  # created at configure from the template's --basetemp
-            factory._given_basetemp = Path(os.path.abspath(spec.basetemp))
-            factory._basetemp = None
+        pytest_internals.move_basetemp(config, Path(os.path.abspath(spec.basetemp)))
         config.args = [spec.target]
-        core.manager(config).collector.assume_full(self.collect_cost)
+        manager(config).collector.assume_full(self.collect_cost)
         run = ChildRun(spec)
         run.config = config
         config.pluginmanager.register(run, "tfmem-isolated-test")

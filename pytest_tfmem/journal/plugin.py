@@ -28,7 +28,8 @@ import psutil
 import pytest
 
 from pytest_tfmem import files
-from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.record import record_from_report
 from pytest_tfmem.core.subtests import subtest_description
 from pytest_tfmem.isolate.watchdog import ProcessTreeRss
@@ -226,8 +227,8 @@ class TfmemJournal:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         if self.journal is not None or not processes.role(self.config).runs_tests:
             return
-        manager = core.manager(self.config)
-        if self.path_given or any(manager.is_measured(item) for item in items):
+        tfmem_manager = manager(self.config)
+        if self.path_given or any(tfmem_manager.is_measured(item) for item in items):
             self._open()
 
     @pytest.hookimpl

@@ -18,11 +18,13 @@ from collections.abc import Generator
 
 import pytest
 
-from pytest_tfmem.core import manager as core
-from pytest_tfmem.core.fixture import TfmemFixture
+from pytest_tfmem.core.fixture import FIXTURE_TYPE
+from pytest_tfmem.core.handoffs import LeakHandoff, put_on
+from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.leaks import check as leaks
+from pytest_tfmem.leaks.fixture import LeakCheckingFixture
 
 MARKER = "tfmem_leak"
 KEYWORDS = ("iterations", "warmup", "max_growth")
@@ -35,6 +37,7 @@ def pytest_tfmem_measuring_markers() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[FIXTURE_TYPE] = LeakCheckingFixture  # ``tfmem.leak_check``, ``tfmem.assert_no_leak``
     config.addinivalue_line(
         "markers",
         f"{MARKER}(iterations={leaks.DEFAULT_ITERATIONS}, warmup={leaks.DEFAULT_WARMUP}, "
@@ -90,7 +93,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
         pytest.fail(f"@pytest.mark.{MARKER} repeats plain test functions only; "
                     "call tfmem.assert_no_leak(...) inside an async test instead", pytrace=False)
-    trackers = core.manager(item.config).trackers()
+    trackers = manager(item.config).trackers()
 
     @functools.wraps(function)
     def repeated(*args: object, **kwargs: object) -> None:
@@ -111,8 +114,9 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord) -> Verdict | None:
     marker_report = item.stash.get(REPORT, None)
     reports = [marker_report] if marker_report is not None else []
     fixture = getattr(item, "funcargs", {}).get("tfmem")
-    if isinstance(fixture, TfmemFixture):
+    if isinstance(fixture, LeakCheckingFixture):
         reports += fixture.leak_reports  # their verdicts were raised (or caught) in the test body
     if reports:
-        record.extra["leak"] = max(reports, key=lambda r: r.growth_per_iteration).to_dict()
+        largest = max(reports, key=lambda r: r.growth_per_iteration)
+        put_on(record, LeakHandoff(largest.growth_per_iteration), largest.to_dict())
     return marker_report.verdict if marker_report is not None else None

@@ -1,37 +1,12 @@
 """Garbage collection before each measurement window, at the cost of the objects that are new.
 
-Before a window opens, garbage is collected so that memory an earlier test left in reference
-cycles is freed (and then handed back to the OS) instead of being reused unseen. A full
-``gc.collect()`` in a process with TensorFlow and Keras loaded traverses ~400,000 objects and
-takes 0.14-0.25 s of CPU: more than many tests. So after each collection the survivors are
-frozen (``gc.freeze()``) and the next collection traverses only objects created since.
-
-The first window does not collect in full either: it collects the young generations and
-freezes everything. Python's own full collections ran while TensorFlow and Keras were
-imported, so little of what is frozen then is garbage, and that little is held (not reused)
-until the first full collection below.
-
-The price of freezing: an object alive when one window opened that becomes cyclic garbage
-later is not collected by those cheap collections. Its memory stays allocated (it is not
-reused, so no later figure reads low), but it is not reclaimed either. A full collection
-(``gc.unfreeze()``, ``gc.collect()``, freeze again) reclaims it, and runs when either
-
-- the process's RSS at a window's start has grown by the *allowance* since the last full
-  collection (or the first freeze): frozen garbage can cost at most about that much memory.
-  The allowance is ``FULL_AFTER_GROWTH`` (or ``FULL_AFTER_GROWTH_SHARE`` of the RSS then,
-  whichever is larger). A full collection that the growth asked for but that gave back less
-  than half of it shows live memory growing (caches, a suite's data), not garbage: the
-  allowance doubles, up to ``MAX_ALLOWANCE_FACTOR`` times, and a collection that gives back
-  half or more resets it. Where RSS grows with live memory, full collections (a quarter of a
-  second each with TensorFlow and Keras loaded) then do not run every few tests for nothing;
-  where garbage is what grows, the allowance stays at its smallest; or
-- the time since the last full collection (or the first freeze) has reached
-  ``1 / FULL_TIME_SHARE`` times what the last one cost (``ASSUMED_FULL_COST`` before the first):
-  full collections take at most ~1% of the session's time, and a finaliser (``__del__``) of
-  frozen garbage runs at most that long after its object died (about as often as Python's own
-  full collections run in a Keras suite without tfmem).
-
-``thaw()`` lifts the freeze for good (end of the session).
+Memory an earlier test left in reference cycles is freed before a window opens, but a full
+``gc.collect()`` with TensorFlow and Keras loaded takes 0.14-0.25 s: so the survivors of each
+collection are frozen (``gc.freeze()``) and the next one traverses only newer objects. Garbage
+among the frozen objects is held, not reused, until a full collection (thaw, collect, freeze)
+runs: after the RSS grew by an allowance that adapts to live growth, or after enough time for
+full collections to stay near 1% of the session's time. ``thaw()`` ends the freeze. The rules
+and their figures: docs/measurement.md, "What measuring costs".
 """
 
 from __future__ import annotations

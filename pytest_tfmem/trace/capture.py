@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem.core.handoffs import TRACE_SUMMARY
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.probes import tf as tf_probe
+from pytest_tfmem.probes.profiler import ProfilerCapture
 from pytest_tfmem.trace import timeline as timeline_module
-from pytest_tfmem.trace.profiler import ProfilerCapture
 from pytest_tfmem.trace.timeline import MemoryView, Timeline, TimelineSampler
 
-SUMMARY = "summary.json"
 PNG = "timeline.png"
 OUTPUT = "output.txt"
 
@@ -143,13 +143,5 @@ def write_trace(capture: Capture, facts: TraceFacts) -> dict[str, Any]:
         "notes": notes,
         "tensorboard": tensorboard_command(str(directory)),
     }
-    write_text_atomic(directory / SUMMARY, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(directory / TRACE_SUMMARY, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
-
-
-def update_summary(directory: str | Path, key: str, value: Any) -> None:
-    """Add a section to a trace's ``summary.json`` (for features that analyse the trace)."""
-    path = Path(directory) / SUMMARY
-    summary = json.loads(path.read_text(encoding="utf-8"))
-    summary[key] = value
-    write_text_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")

@@ -2,8 +2,8 @@
 
 ``--tfmem-trace=on-failure`` (the default once TensorFlow is loaded) re-runs a failed
 measured test once, in the same process, under TensorFlow's profiler and a memory timeline
-sampler (see ``rerun``), and keeps the result as a TensorBoard log directory (see
-``tracecapture``, ``tracedirs``). Passing tests pay nothing: no profiler runs and nothing is
+sampler (see ``core.rerun``), and keeps the result as a TensorBoard log directory (see
+``trace.capture``, ``trace.dirs``). Passing tests pay nothing: no profiler runs and nothing is
 written for them. The verdict stays the untraced run's; the traced run's peak is reported
 beside it. ``always`` traces every measured test's own run (the verdict then includes the
 profiler's own memory, and says so); ``off`` disables tracing.
@@ -20,7 +20,10 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.handoffs import TraceHandoff, put_on
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun, RerunResult
 from pytest_tfmem.core.verdict import describe_views
@@ -34,12 +37,13 @@ MODES = (ON_FAILURE, ALWAYS, OFF)
 DEFAULT_ROOT = ".tfmem/traces"
 SECTION = "tfmem trace"
 RERUN_LABEL = "TensorBoard trace"  # what a re-run gives this feature, as the report names it
-# The trace written for a test, on its item and in its record's ``extra["trace"]`` (where
-# features that analyse traces read it): ``directory`` (absolute), ``shown_directory``, ``tensorboard``
-# (the command), ``traced`` ("rerun" or "run"), ``profiler`` (status), ``profiler_message``,
-# ``profiler_files`` (relative to the directory), ``traced_peak_bytes``, ``traced_views``,
-# ``error`` (how a re-run ended), ``timeline`` (``png``, ``scalars``...), ``notes``.
-# ``tracecapture.update_summary`` adds a section to the directory's ``summary.json``.
+INCOMPLETE = "the trace of this test is incomplete"  # the warning when tracing fails
+# The trace written for a test, on its item and in its record's ``extra["trace"]``: the
+# ``core.handoffs.TraceHandoff`` fields (what features that analyse traces read: ``directory``,
+# ``shown_directory``, ``traced``, ``profiler_files``), then ``tensorboard`` (the command),
+# ``profiler`` (status), ``profiler_message``, ``traced_peak_bytes``, ``traced_views``, ``error``
+# (how a re-run ended), ``timeline`` (``png``, ``scalars``...), ``notes``.
+# ``TraceHandoff.add_to_summary`` adds a section to the directory's ``summary.json``.
 TRACE = pytest.StashKey[dict]()
 
 
@@ -116,7 +120,7 @@ class TracePlugin:
         self.session_name = tracedirs.session_name(shared.started, shared.pid)
 
     def mode_for(self, item: pytest.Item) -> str:
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         mode = arguments.get("trace", self.settings.mode)
         if mode is None:
             return ON_FAILURE if tf_probe.loaded_tensorflow() is not None else OFF
@@ -142,7 +146,7 @@ class TracePlugin:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         """``always``: trace the test's own run, outside its measurement."""
-        if not core.manager(self.config).is_measured(item) or self.mode_for(item) != ALWAYS:
+        if not manager(self.config).is_measured(item) or self.mode_for(item) != ALWAYS:
             return (yield)
         directory = self._new_directory(item)
         if directory is None:
@@ -153,13 +157,14 @@ class TracePlugin:
                 return (yield)
         finally:
             if capture is not None:
-                _without_hiding_the_outcome(item, lambda: self._finish(item, capture, None))
+                with warn_instead(item, INCOMPLETE):
+                    self._finish(item, capture, None)
 
     def pytest_tfmem_profiles(self, item: pytest.Item, rerun: Rerun | None) -> bool:
         """The profiler runs over the test's own run in ``always`` mode, over the re-run it asked for."""
         if rerun is not None:
             return RERUN_LABEL in rerun.wanted_by
-        return core.manager(self.config).is_measured(item) and self.mode_for(item) == ALWAYS
+        return manager(self.config).is_measured(item) and self.mode_for(item) == ALWAYS
 
     def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
         """``on-failure``: a test that failed a tfmem check is traced in its re-run (not one marked
@@ -176,22 +181,25 @@ class TracePlugin:
             return (yield)
         with capturing(directory) as capture:
             yield
-        _without_hiding_the_outcome(item, lambda: self._finish(item, capture, rerun.result, rerun.output))
+        with warn_instead(item, INCOMPLETE):
+            self._finish(item, capture, rerun.result, rerun.output)
 
     def _finish(self, item: pytest.Item, capture: Capture, rerun: RerunResult | None, output: str = "") -> None:
         """Write the trace, describe it on the item and its record (which travels to the controller)."""
-        record = item.stash.get(core.RECORD, None)
+        record = item.stash.get(RECORD, None)
         verdict_measurement = record.measurement if record is not None else None
         measurement = rerun.measurement if rerun is not None else verdict_measurement
-        shown = self._shown(capture.directory)
+        handoff = TraceHandoff(
+            directory=str(capture.directory),
+            shown_directory=self._shown(capture.directory),
+            traced="rerun" if rerun is not None else "run",
+            profiler_files=tuple(str(path.relative_to(capture.directory)) for path in capture.profiler.files),
+        )
         info: dict[str, Any] = {
-            "directory": str(capture.directory),
-            "shown_directory": shown,
-            "tensorboard": tensorboard_command(shown),
-            "traced": "rerun" if rerun is not None else "run",
+            **handoff.fields(),
+            "tensorboard": tensorboard_command(handoff.shown_directory),
             "profiler": capture.profiler.status,
             "profiler_message": capture.profiler.message,
-            "profiler_files": [str(path.relative_to(capture.directory)) for path in capture.profiler.files],
             "traced_peak_bytes": measurement.peak if measurement is not None else None,
             "traced_views": describe_views(measurement) if measurement is not None else None,
             "error": rerun.error if rerun is not None else None,
@@ -201,7 +209,7 @@ class TracePlugin:
         if measurement is not None:
             facts = TraceFacts(
                 nodeid=item.nodeid,
-                how=info["traced"],
+                how=handoff.traced,
                 measurement=measurement,
                 verdict_peak=verdict_measurement.peak if rerun is not None and verdict_measurement else None,
                 budget=record.budget if record is not None else None,
@@ -216,7 +224,7 @@ class TracePlugin:
                 info["notes"] = [f"summary not written: {error!r}"]
         item.stash[TRACE] = info
         if record is not None:
-            record.extra["trace"] = info
+            put_on(record, handoff, info)
             publish(item, record)
 
     def pytest_tfmem_report_sections(self, item: pytest.Item) -> list[tuple[str, str]] | None:
@@ -235,14 +243,14 @@ class TracePlugin:
             pass
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        traced = [r for r in core.manager(self.config).records if "trace" in r.extra]
+        traced = [(r, trace) for r in manager(self.config).records if (trace := TraceHandoff.of(r)) is not None]
         if not traced:
             return
-        failing = [r for r in traced if r.outcome == "failed"]
+        failing = [(record, trace) for record, trace in traced if record.outcome == "failed"]
         session = self.settings.root / self.session_name
         terminalreporter.write_sep("=", f"tfmem: {len(traced)} TensorBoard trace(s), {len(failing)} of failing tests")
-        for record in failing:
-            terminalreporter.write_line(f"{record.nodeid}  {self._shown(Path(record.extra['trace']['directory']))}")
+        for record, trace in failing:
+            terminalreporter.write_line(f"{record.nodeid}  {self._shown(Path(trace.directory))}")
         terminalreporter.write_line(f"open them: {tensorboard_command(self._shown(session))}")
 
 
@@ -278,16 +286,6 @@ def section_lines(info: dict[str, Any]) -> list[str]:
     lines.append(f"trace directory: {directory}")
     lines.append(f"open it: {info['tensorboard']}")
     return lines
-
-
-def _without_hiding_the_outcome(item: pytest.Item, step: Callable[[], None]) -> None:
-    """Run a tracing step; if it fails, warn instead of replacing the test's own outcome."""
-    try:
-        step()
-    except pytest.exit.Exception:
-        raise
-    except Exception as error:
-        item.warn(pytest.PytestWarning(f"pytest-tfmem: the trace of this test is incomplete: {error!r}"))
 
 
 def _first_line(text: str, limit: int = 200) -> str:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_tfmem.core.verdict import view_label
+from pytest_tfmem.files import write_file_atomic
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.sampler import Sampler
 from pytest_tfmem.units import format_size
@@ -211,12 +211,4 @@ def plot_png(
     axes.set_title(title, fontsize=9, loc="left")
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize=8)
-    handle, temporary = tempfile.mkstemp(prefix=".timeline.", suffix=".png", dir=path.parent)
-    os.close(handle)
-    try:
-        figure.savefig(temporary, format="png")
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    write_file_atomic(path, lambda temporary: figure.savefig(temporary, format="png"))

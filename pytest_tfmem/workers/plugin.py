@@ -92,7 +92,7 @@ def plan(config: pytest.Config, cpus: int) -> WorkerFit | None:
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """pytest-xdist asks how many workers ``-n auto`` starts: as many as fit, with the option."""
-    if probing() or not _opted_in(config):
+    if probing(config) or not _opted_in(config):
         return None  # the probe measures a worker: it starts no probe of its own
     config.stash[_AUTO] = str(config.option.numprocesses)
     fit = plan(config, _xdist_count(config))

@@ -27,34 +27,28 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes
-from pytest_tfmem.isolate.child import die_with_parent
-from pytest_tfmem.isolate.results import output_excerpt
+from pytest_tfmem.core import processes
+from pytest_tfmem.core.manager import manager
+from pytest_tfmem.core.subsession import die_with_parent, output_excerpt, override_options
 from pytest_tfmem.probes import host, tf as tf_probe
 from pytest_tfmem.workers.fit import BASELINE_PEAK, BUDGET, Need
 
 OUTPUT_LINES = 20
 
-# Options set in the probe whatever the session's command line says (when the option exists):
-# no workers, no debugger, collection only, and no file the session itself writes.
+# Options set in the probe whatever the session's command line says (when the option exists),
+# besides those no run started for the session takes over: no workers, collection only, and no
+# file the session itself writes.
 _PROBE_OPTIONS: dict[str, Any] = {
-    "numprocesses": None,
-    "maxprocesses": None,
-    "dist": "no",
     "tx": [],
-    "looponfail": False,
-    "usepdb": False,
-    "trace": False,
     "collectonly": True,
-    "xmlpath": None,
     "report_log": None,
 }
 
-_probing = False  # set in the probe process: xdist asks for -n auto's count before any plugin configures
-
-
-def probing() -> bool:
-    return _probing
+def probing(config: pytest.Config) -> bool:
+    """This process is the probe: its ``Probe`` plugin is registered (from ``pytest.main``'s
+    plugins, before the command line is read: pytest-xdist asks for ``-n auto``'s count before
+    any plugin configures)."""
+    return any(isinstance(plugin, Probe) for plugin in config.pluginmanager.get_plugins())
 
 
 @dataclass(frozen=True)
@@ -117,18 +111,16 @@ class Probe:
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         processes.enter_child(config, self.session)  # -n auto here starts no probe of its own
-        for name, value in _PROBE_OPTIONS.items():
-            if hasattr(config.option, name):
-                setattr(config.option, name, value)
+        override_options(config, _PROBE_OPTIONS)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
-        manager = core.manager(config)
+        tfmem_manager = manager(config)
         tests = [
-            ProbedTest(item.nodeid, manager.budget_for(item), config.hook.pytest_tfmem_known_peak(item=item))
+            ProbedTest(item.nodeid, tfmem_manager.budget_for(item), config.hook.pytest_tfmem_known_peak(item=item))
             for item in session.items
         ]
-        manager.prepare_tensorflow()  # as a worker does before its first measured test
+        tfmem_manager.prepare_tensorflow()  # as a worker does before its first measured test
         host.release_freed_memory()
         result = ProbeResult(
             rss=host.current_rss(),
@@ -173,8 +165,6 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(arguments[0]).read_text())
     die_with_parent(spec["parent_pid"])
-    global _probing
-    _probing = True
     return int(pytest.main(spec["args"], plugins=[Probe(Path(spec["result"]), spec["session"])]))
 
 

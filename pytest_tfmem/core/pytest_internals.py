@@ -1,0 +1,76 @@
+"""Every use of a pytest internal, one small function each: what pytest offers no public API for.
+
+A change in pytest then breaks here, and ``tests/test_pytest_internals.py`` says which one.
+Code elsewhere in the package calls these functions and reaches no ``_private`` attribute or
+``_pytest`` module itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+
+def unittest_error(item: pytest.Item) -> BaseException | None:
+    """What a ``unittest.TestCase`` method raised. unittest catches it; pytest keeps it on the
+    item (``TestCaseFunction._excinfo``) until the report is made."""
+    excinfo = getattr(item, "_excinfo", None)
+    return excinfo[0].value if excinfo else None
+
+
+def fixture_argnames(item: pytest.Function) -> tuple[str, ...]:
+    """The names the test function itself takes (not the autouse fixtures ``funcargs`` also
+    holds): what calling its body again passes. pytest keeps them in ``_fixtureinfo``."""
+    return tuple(item._fixtureinfo.argnames)
+
+
+def read_global_capture(config: pytest.Config) -> tuple[str, str] | None:
+    """What was printed since the last read (stdout, stderr), as pytest's capture manager reads
+    it between phases; ``None`` when capturing is off or not started. The capture manager's
+    methods are not public API."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        return None
+    try:
+        out, err = capture.read_global_capture()
+    except (AssertionError, AttributeError):  # capturing not started (pytest internals differ)
+        return None
+    return out, err
+
+
+def teardown_exact(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Tear down the fixtures ``nextitem`` no longer needs, as pytest's teardown phase does
+    (``Session._setupstate``): for a test whose phases ran in another process."""
+    item.session._setupstate.teardown_exact(nextitem)
+
+
+def tmp_path_factory(config: pytest.Config) -> pytest.TempPathFactory | None:
+    """The session's ``tmp_path_factory`` (``config._tmp_path_factory``, made at configure by
+    pytest's tmpdir plugin), outside a fixture; ``None`` when that plugin is off."""
+    return getattr(config, "_tmp_path_factory", None)
+
+
+def move_basetemp(config: pytest.Config, basetemp: Path) -> None:
+    """Make ``tmp_path`` and friends live below ``basetemp`` from now on, as if ``--basetemp``
+    had been given: a fork of a configured session gets its own directory. The factory has no
+    public setter; its next use creates the directory."""
+    factory = tmp_path_factory(config)
+    if factory is not None:
+        factory._given_basetemp = basetemp
+        factory._basetemp = None
+
+
+def evaluate_xfail(item: pytest.Item) -> None:
+    """Evaluate the item's ``xfail`` marks now, as pytest does during set-up: for a report made
+    where set-up did not run (``_pytest.skipping``'s stash key and evaluator)."""
+    from _pytest import skipping
+
+    item.stash[skipping.xfailed_key] = skipping.evaluate_xfail_marks(item)
+
+
+def is_pytest_logging_handler(handler: logging.Handler) -> bool:
+    """One of pytest's own logging handlers (log capture, log file, live logging), which live
+    in ``_pytest.logging``: a fork of the session leaves them behind."""
+    return type(handler).__module__ == "_pytest.logging"

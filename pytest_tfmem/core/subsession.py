@@ -1,0 +1,63 @@
+"""pytest runs the session starts in processes of their own (an isolated test's process, the
+isolation template, the workers' probe): the options they do not take over from the session's
+command line, how they die with the session, and the excerpt of their output shown when one
+ends unexpectedly."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_PR_SET_PDEATHSIG = 1
+
+# Set in every such run whatever the session's command line says (when the option exists):
+# it starts no pytest-xdist workers of its own, nobody is at its terminal for a debugger, and
+# the session's JUnit XML file is the session's to write.
+_NOT_TAKEN_OVER: dict[str, Any] = {
+    "numprocesses": None,
+    "maxprocesses": None,
+    "dist": "no",
+    "looponfail": False,
+    "usepdb": False,
+    "trace": False,
+    "xmlpath": None,
+}
+
+
+def override_options(config: pytest.Config, overrides: Mapping[str, Any]) -> None:
+    """Set the options no such run takes over, then ``overrides`` (what this kind of run needs),
+    skipping those no installed plugin declares; before ``pytest_configure``, so every plugin
+    sees them."""
+    for name, value in {**_NOT_TAKEN_OVER, **overrides}.items():
+        if hasattr(config.option, name):
+            setattr(config.option, name, value)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``),
+    so a process started for the session never outlives a session that was killed."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def output_excerpt(path: Path, lines: int) -> str:
+    """The process's last output lines; from a crash, the start of Python's fault report
+    (``Fatal Python error``: the failing thread's innermost frames come first)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    fatal = next((i for i, line in enumerate(text) if "Fatal Python error" in line), None)
+    if fatal is None:
+        return "\n".join(text[-lines:])
+    text[fatal] = text[fatal][text[fatal].index("Fatal Python error") :]
+    return "\n".join(text[fatal : fatal + lines])
