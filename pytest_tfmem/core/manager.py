@@ -8,6 +8,7 @@ hooks (``hookspecs.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -16,8 +17,9 @@ import pytest
 from pytest_tfmem import hookspecs
 from pytest_tfmem.core import attempts, processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers, section_lines
 from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
-from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
+from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker, probes
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
@@ -26,6 +28,7 @@ from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import failure_for
 from pytest_tfmem.probes import host, tf as tf_probe
 from pytest_tfmem.probes.garbage import Collector
+from pytest_tfmem.probes.imports import ImportLedger
 
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
@@ -87,6 +90,18 @@ class TfmemManager:
         for keywords in config.hook.pytest_tfmem_marker_keywords():
             self.marker_keywords.update(keywords)
         self.measuring_markers = {settings.MARKER}.union(*config.hook.pytest_tfmem_measuring_markers())
+        self._imports: ImportLedger | None = None
+        remove_inherited_ledgers()
+
+    @property
+    def imports(self) -> ImportLedger:
+        """The process's ledger of first imports (``probes.imports``): installed before the first
+        measured test's setup, unless ``--no-tfmem-book-imports``; its bookings are left out of
+        the open windows' figures as they happen."""
+        if self._imports is None:
+            self._imports = ImportLedger(probes().host.source)
+            self._imports.add_listener(LeaveOutFirstImports(self.prepare_tensorflow))
+        return self._imports
 
     @property
     def measure_all(self) -> bool:
@@ -152,6 +167,12 @@ class TfmemManager:
         for item in items:
             item.stash[ARGUMENTS] = settings.marker_arguments(item, self.marker_keywords)
 
+    @pytest.hookimpl
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Book first imports from the first measured test's setup on (before its fixtures run)."""
+        if self.settings.book_imports and not self.imports.installed and self.is_measured(item):
+            self.imports.install()
+
     # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
     # leak marker's wrapper (trylast too, registered earlier) is inside this one.
     @pytest.hookimpl(wrapper=True, trylast=True)
@@ -165,21 +186,26 @@ class TfmemManager:
         item.stash[MONITOR] = monitor
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
             del item.stash[RECORD]
+        imports = self.imports.mark()
         monitor.start()
         self.subtests.begin(item.nodeid, monitor)
         try:
             yield
         except BaseException as raised:
-            self._after_call(item, monitor, raised)
+            self._after_call(item, monitor, imports, raised)
             raise
-        record = self._after_call(item, monitor, pytest_internals.unittest_error(item))
+        record = self._after_call(item, monitor, imports, pytest_internals.unittest_error(item))
         self.fail_if_needed(record)
 
-    def _after_call(self, item: pytest.Item, monitor: Monitor, error: BaseException | None) -> TestRecord:
-        """Close the window, check the figures; after a memory failure, the one re-run."""
+    def _after_call(
+        self, item: pytest.Item, monitor: Monitor, imports: int, error: BaseException | None
+    ) -> TestRecord:
+        """Close the window (with the first imports it left out), check the figures; after a
+        memory failure, the one re-run."""
         del item.stash[MONITOR]
         subtests = self.subtests.end(item.nodeid)
-        record = self.finish(item, monitor.stop(), error, subtests)
+        measurement = dataclasses.replace(monitor.stop(), first_imports=self.imports.since(imports))
+        record = self.finish(item, measurement, error, subtests)
         interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception))
         if record.failed_verdicts and not interrupted:
             self.rerun_after_memory_failure(item, record)
@@ -264,6 +290,8 @@ class TfmemManager:
                 terminalreporter.write_line(f"  {nodeid}: {why}")
 
     def pytest_unconfigure(self) -> None:
+        if self._imports is not None:
+            self._imports.uninstall()
         if self.collector.freezing:
             self.collector.thaw()
 
@@ -271,5 +299,6 @@ class TfmemManager:
 def _section_text(record: TestRecord) -> str:
     assert record.measurement is not None
     rows = render_table(summary_rows([record], 1, subtests=True))
-    return "\n".join([*rows, *record.measurement.notes, *record.notes])
+    imports = section_lines(record.measurement.first_imports)
+    return "\n".join([*rows, *imports, *record.measurement.notes, *record.notes])
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes.imports import FirstImport
 from pytest_tfmem.probes.mixed import MixedReading, MixedSampler
 from pytest_tfmem.units import format_size
 
@@ -42,6 +43,7 @@ class PeakTracker:
     def __init__(self, source: PeakSource) -> None:
         self.source = source
         self._open: list[_Window] = []
+        self._left_out_from: int | None = None  # the level where a span left out began
 
     @property
     def _sampled_every_s(self) -> float | None:
@@ -70,6 +72,24 @@ class PeakTracker:
         reading = self.peek(window)
         self._open.remove(window)
         return reading
+
+    def leave_out_begin(self) -> None:
+        """A span that is not the open windows' begins (a first import): fold the peak so far
+        into them and note the level, so that ``leave_out_end`` can take the span out."""
+        self._fold()
+        self._left_out_from = self.source.current() if self._open else None
+
+    def leave_out_end(self) -> None:
+        """The span ends: what it kept moves the open windows' levels up (down, if it freed),
+        and its own peak, which the source's peak holds now, is dropped."""
+        began, self._left_out_from = self._left_out_from, None
+        if began is None:
+            return
+        kept = self.source.current() - began
+        for window in self._open:
+            window.start += kept
+            window.peak += kept
+        self.source.reset_peak()
 
     def restart(self, window: _Window) -> ViewReading:
         """Fold and reset: the window's reading so far, then the window starts over from the
@@ -129,6 +149,8 @@ class Measurement:
     # (``probes.mixed``), ``None`` where not sampled.
     mixed: int | None = None
     mixed_interval_s: float | None = None
+    # Modules first imported in the window: left out of every view (``probes.imports``).
+    first_imports: tuple[FirstImport, ...] = ()
 
     def view(self, name: str) -> ViewReading | None:
         return next((v for v in self.views if v.view == name), None)
@@ -207,16 +229,20 @@ class Measurement:
             notes=tuple(data.get("notes", ())),
             mixed=data.get("mixed"),
             mixed_interval_s=data.get("mixed_interval_s"),
+            first_imports=tuple(FirstImport.from_dict(booking) for booking in data.get("first_imports", ())),
         )
 
 
 @dataclass
 class Probes:
-    """The process-wide trackers: host RSS always, TF allocators once TF is loaded."""
+    """The process-wide trackers: host RSS always, TF allocators once TF is loaded; and the
+    monitors whose windows are open, which a span left out (a first import) reaches."""
 
     host: PeakTracker = field(default_factory=lambda: PeakTracker(host.HostRSS()))
     tf_devices: list[PeakTracker] | None = None
     _mixed: MixedSampler | None = None
+    monitors: list[Monitor] = field(default_factory=list)  # started, not stopped yet
+    _left_out: list[PeakTracker] = field(default_factory=list)
 
     def mixed_sampler(self) -> MixedSampler | None:
         """The sampler of host and TF CPU memory held at once, where TF's CPU allocator keeps
@@ -233,6 +259,27 @@ class Probes:
             if tf is not None and tf_probe.runtime_started():
                 self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
         return [self.host, *(self.tf_devices or [])]
+
+    def leave_out_begin(self) -> None:
+        """A span that is no window's own begins (a first import): every tracker, the monitors'
+        own too, folds the peak so far into its open windows and notes its level."""
+        every = [*self.trackers(), *(tracker for monitor in self.monitors for tracker in monitor.trackers)]
+        self._left_out = list({id(tracker): tracker for tracker in every}.values())
+        for tracker in self._left_out:
+            tracker.leave_out_begin()
+        if self._mixed is not None:
+            self._mixed.leave_out_begin()
+
+    def leave_out_end(self) -> None:
+        """The span ends: the open windows leave out what it kept and its peak, and open views
+        that appeared in it (TensorFlow's allocators, once its runtime started)."""
+        left_out, self._left_out = self._left_out, []
+        for tracker in left_out:
+            tracker.leave_out_end()
+        if self._mixed is not None:
+            self._mixed.leave_out_end()
+        for monitor in self.monitors:
+            monitor.open_new_views()
 
 _probes: Probes | None = None
 
@@ -274,12 +321,28 @@ class Monitor:
         if self.release_first:
             host.release_freed_memory(self.collect)
         self._windows = [(tracker, tracker.open()) for tracker in (*probes().trackers(), *self.trackers)]
+        self._arm_mixed()
+        probes().monitors.append(self)
+        self._t0 = time.perf_counter()
+        return self
+
+    def _arm_mixed(self) -> None:
         sampler = probes().mixed_sampler() if self.sample_mixed else None
         # With no more than the margin free in TensorFlow's pool, the sampled figure could never
         # be the headline (see ``MixedSampler.arm``): nothing to sample.
         self._mixed = sampler if sampler is not None and sampler.arm(min_room=MIXED_MARGIN) else None
-        self._t0 = time.perf_counter()
-        return self
+
+    def open_new_views(self) -> None:
+        """Open windows on the process-wide trackers that appeared since the window opened
+        (TensorFlow's allocators, once a first import started its runtime), beside the others."""
+        opened = {id(tracker) for tracker, _ in self._windows}
+        new = [(tracker, tracker.open()) for tracker in probes().trackers() if id(tracker) not in opened]
+        if new:
+            own = {id(tracker) for tracker in self.trackers}
+            process = [pair for pair in self._windows if id(pair[0]) not in own]
+            self._windows = [*process, *new, *(pair for pair in self._windows if id(pair[0]) in own)]
+        if self._mixed is None:
+            self._arm_mixed()
 
     def _measurement(self, readings: tuple[ViewReading, ...], mixed: MixedReading | None) -> Measurement:
         exact = bool(getattr(probes().host.source, "exact", True))
@@ -310,6 +373,8 @@ class Monitor:
         return self._measurement(tuple(tracker.peek(window) for tracker, window in self._windows), mixed)
 
     def stop(self) -> Measurement:
+        if self in probes().monitors:
+            probes().monitors.remove(self)
         mixed = self._mixed.disarm() if self._mixed is not None else None
         self.measurement = self._measurement(tuple(tracker.close(w) for tracker, w in self._windows), mixed)
         return self.measurement

@@ -146,7 +146,14 @@ SUBTESTS = Option(
     False,
     flag=True,
 )
-CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, SUBTESTS]
+BOOK_IMPORTS = Option(
+    "book_imports",
+    "leave a module's first import in the process (TensorFlow: ~580 MiB) out of the figures of the "
+    "test that does it, and name it in the test's section instead (default true)",
+    parse_bool,
+    True,
+)
+CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, SUBTESTS, BOOK_IMPORTS]
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,7 @@ class CoreSettings:
     top: int
     tf_warmup: bool
     subtests: bool  # list subtests in the terminal summary
+    book_imports: bool  # leave first imports out of the tests' figures
     any_set: bool  # a tfmem option or ini value was given: measure every test
 
     @classmethod
@@ -165,6 +173,7 @@ class CoreSettings:
             top=values["top"][0],
             tf_warmup=values["tf_warmup"][0],
             subtests=values["subtests"][0],
+            book_imports=values["book_imports"][0],
             any_set=values["budget"][1] or values["subtests"][0],
         )
 

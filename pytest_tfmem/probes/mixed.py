@@ -50,14 +50,17 @@ class MixedSampler:
         self._start_host = self._start_in_use = self._start_pool = 0
         self._peak = 0
         self._samples = 0
+        self._left_out_from: tuple[int, int, int] | None = None  # (host, in use, pool) where a span began
+
+    def _levels(self) -> tuple[int, int, int]:
+        in_use = self.allocator.current()  # also raises the allocator's pool estimate
+        return host.current_rss(), in_use, self.allocator.pool_estimate
 
     def _sample(self) -> None:
         with self._lock:
-            if not self._armed.is_set():
+            if not self._armed.is_set() or self._left_out_from is not None:
                 return
-            rss = host.current_rss()
-            in_use = self.allocator.current()  # also raises the allocator's pool estimate
-            pool = self.allocator.pool_estimate
+            rss, in_use, pool = self._levels()
             need = (rss - pool) - (self._start_host - self._start_pool) + (in_use - self._start_in_use)
             self._peak = max(self._peak, need)
             self._samples += 1
@@ -88,9 +91,29 @@ class MixedSampler:
             self._start_host = host.current_rss()
             self._peak = 0
             self._samples = 0
+            self._left_out_from = None
             self._armed.set()
         self._sampler = Sampler(self._sample_in_background, self.interval_s, "tfmem-mixed-sampler").start()
         return True
+
+    def leave_out_begin(self) -> None:
+        """A span that is not the window's begins (a first import): one last sample, then none
+        until ``leave_out_end``, which takes what the span kept out of the starting levels."""
+        if not self._armed.is_set():
+            return
+        self._sample()
+        with self._lock:
+            self._left_out_from = self._levels()
+
+    def leave_out_end(self) -> None:
+        with self._lock:
+            began, self._left_out_from = self._left_out_from, None
+            if began is None or not self._armed.is_set():
+                return
+            rss, in_use, pool = self._levels()
+            self._start_host += rss - began[0]
+            self._start_in_use += in_use - began[1]
+            self._start_pool += pool - began[2]
 
     def reading(self) -> MixedReading:
         """The window so far (with one last sample)."""

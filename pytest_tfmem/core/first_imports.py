@@ -1,0 +1,69 @@
+"""First imports are nobody's peak: the ledger's spans, left out of every open window.
+
+The first ``import tensorflow`` in the process costs ~580 MiB; whichever test does it would read
+that much more than the same test after another one imported TensorFlow. While a first import
+runs (``probes.imports``), the open windows leave it out: its peak and what it kept count in no
+view, and the test's section names it instead. When the import loaded TensorFlow, its runtime is
+started inside the span too (``TfmemManager.prepare_tensorflow``, the device configuration hook
+first), as it is before the first test where TensorFlow was loaded earlier, and the TensorFlow
+views open for the rest of the window: a test that imports TensorFlow reads what it reads when
+another test imported it first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from pytest_tfmem.core.measure import probes
+from pytest_tfmem.probes import tf as tf_probe
+from pytest_tfmem.probes.imports import FirstImport, ImportLedger
+from pytest_tfmem.units import format_size
+
+MIB = 2**20
+SECTION_LINES = 5  # the largest first imports named in a test's section; the rest on one line
+
+
+class LeaveOutFirstImports:
+    """The core's listener on the session's ledger (``probes.imports.ImportListener``)."""
+
+    def __init__(self, prepare_tensorflow: Callable[[], None]) -> None:
+        self.prepare_tensorflow = prepare_tensorflow
+
+    def import_started(self, module: str) -> None:
+        probes().leave_out_begin()
+
+    def import_finishing(self, module: str) -> None:
+        if tf_probe.loaded_tensorflow() is not None:
+            self.prepare_tensorflow()  # once per session: later imports find it done
+
+    def import_booked(self, booking: FirstImport) -> None:
+        probes().leave_out_end()
+
+
+def remove_inherited_ledgers() -> None:
+    """Take out of ``sys.meta_path`` any ledger this process inherited from the one it was forked
+    from (an isolation template made from a session that measured): its listeners are that
+    session's, and would start TensorFlow's runtime in a process that must fork."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, ImportLedger)]
+
+
+def _named(booking: FirstImport) -> str:
+    raised = " (it raised)" if booking.raised else ""
+    return (
+        f"first import of {booking.module}{raised}: {format_size(booking.host_bytes, signed=True)}, not charged "
+        f"(its peak {format_size(booking.peak_bytes, signed=True)}, {booking.duration_s:.2f} s)"
+    )
+
+
+def section_lines(bookings: Sequence[FirstImport]) -> list[str]:
+    """What a test's section says of the first imports its window left out: the largest by name,
+    the others on one line where they kept 1 MiB or more together (all are in the JSON report)."""
+    large = sorted((b for b in bookings if b.peak_bytes >= MIB), key=lambda b: b.peak_bytes, reverse=True)
+    named = large[:SECTION_LINES]
+    rest = [b for b in bookings if b not in named]
+    lines = [_named(booking) for booking in named]
+    kept = sum(b.host_bytes for b in rest)
+    if len(large) > len(named) or kept >= MIB:
+        lines.append(f"first imports of {len(rest)} more module(s): {format_size(kept, signed=True)}, not charged")
+    return lines
