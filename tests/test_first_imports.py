@@ -1,0 +1,276 @@
+"""First imports are nobody's peak: a test reads the same whether or not it was the first to import.
+
+Without TensorFlow first (a throwaway module that takes 60 MiB at import), then the real thing:
+``import tensorflow``, ``import keras`` and ``pytest.importorskip("tensorflow")`` in test bodies,
+functions and ``unittest.TestCase`` methods, first to import or not, in process, isolated and
+under pytest-xdist.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_tfmem.core.first_imports import section_lines
+from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.gates.reports import load_report
+from pytest_tfmem.probes.imports import FirstImport
+from pytest_tfmem.probes.mixed import MixedSampler
+
+MIB = 2**20
+
+
+class ScriptedSource:
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.level = self.high = 0
+
+    def set(self, level: int) -> None:
+        self.level = level
+        self.high = max(self.high, level)
+
+    def current(self) -> int:
+        return self.level
+
+    def peak(self) -> int:
+        return self.high
+
+    def reset_peak(self) -> None:
+        self.high = self.level
+
+
+def test_a_span_left_out_counts_neither_its_peak_nor_what_it_kept():
+    source = ScriptedSource()
+    tracker = PeakTracker(source)
+    source.set(100)
+    window = tracker.open()
+    source.set(900)  # the window's own peak: 800 above its start
+    source.set(150)
+    tracker.leave_out_begin()
+    source.set(2000)  # the import's peak
+    source.set(650)  # it kept 500
+    tracker.leave_out_end()
+    source.set(1250)  # 600 above the level the import left: 100 more than at 150, plus 500 new
+    assert tracker.close(window) == ViewReading("scripted", start=600, peak=1400, end=1250)
+    # A tracker with no window open has nothing to leave out.
+    idle = PeakTracker(source)
+    idle.leave_out_begin()
+    idle.leave_out_end()
+
+
+class ScriptedAllocator:
+    """What the mixed sampler reads of a TensorFlow allocator, set by hand."""
+
+    def __init__(self, in_use: int, pool: int) -> None:
+        self.level, self.pool_estimate = in_use, pool
+
+    def current(self) -> int:
+        self.pool_estimate = max(self.pool_estimate, self.level)
+        return self.level
+
+    def peak(self) -> int:
+        return self.current()
+
+
+def test_the_sampled_figure_leaves_the_span_out_too():
+    allocator = ScriptedAllocator(in_use=0, pool=200 * MIB)
+    sampler = MixedSampler(allocator, interval_s=3600)  # type: ignore[arg-type]  # read by hand
+    assert sampler.arm()
+    sampler.leave_out_begin()
+    kept = b"i" * (50 * MIB)  # host memory the import keeps
+    allocator.level = 30 * MIB  # and tensors
+    sampler.leave_out_end()
+    assert sampler.reading().peak < 4 * MIB
+    more = b"t" * (20 * MIB)  # the test's own
+    reading = sampler.disarm()
+    assert 19 * MIB <= reading.peak < 24 * MIB, reading
+    del kept, more
+
+
+def test_bookings_travel_with_the_measurement_and_old_records_still_read():
+    booking = FirstImport("tensorflow", 600 * MIB, 610 * MIB, 2.5)
+    measurement = Measurement((ViewReading("host", 0, 16 * MIB, 16 * MIB),), 3.0, first_imports=(booking,))
+    data = TestRecord("t.py::test", measurement).to_dict()
+    assert list(data["measurement"]["first_imports"]) == [
+        {"module": "tensorflow", "host_bytes": 600 * MIB, "peak_bytes": 610 * MIB, "duration_s": 2.5, "raised": False}
+    ]
+    assert TestRecord.from_dict(data).measurement == measurement
+    del data["measurement"]["first_imports"]  # a report written before first imports were booked
+    assert TestRecord.from_dict(data).measurement.first_imports == ()  # type: ignore[union-attr]
+    assert section_lines([booking, FirstImport("json.tool", 4096, 4096, 0.001)]) == [
+        "first import of tensorflow: +600.0 MiB, not charged (its peak +610.0 MiB, 2.50 s)"
+    ]
+
+
+HEAVY_MODULE = """
+KEPT = b"k" * (60 * 2**20)
+_scratch = b"s" * (40 * 2**20)  # past glibc's largest mmap threshold: freed at once
+del _scratch
+"""
+
+HEAVY_TESTS = """
+def test_a_first_to_import():
+    import heavy
+    data = b"x" * (20 * 2**20)
+
+def test_b_imports_after():
+    import heavy
+    data = b"x" * (20 * 2**20)
+
+def test_c_in_a_measure_block(tfmem):
+    with tfmem.measure() as block:
+        import heavy_too
+        data = b"x" * (20 * 2**20)
+    assert 19 * 2**20 <= block.peak < 30 * 2**20, block.peak
+"""
+
+
+def test_a_first_import_is_left_out_of_the_peak_budget_and_blocks(pytester: pytest.Pytester):
+    pytester.makepyfile(heavy=HEAVY_MODULE, heavy_too=HEAVY_MODULE, test_heavy=HEAVY_TESTS)
+    common = ("-p", "no:cacheprovider", "--tfmem-budget=50MB", "-rA")
+    result = pytester.runpytest_subprocess(*common, "--tfmem-report=report.json")
+    result.assert_outcomes(passed=3)
+    tests = {r.nodeid.split("::")[-1]: r for r in load_report(pytester.path / "report.json").tests}
+    first, after = tests["test_a_first_to_import"].measurement, tests["test_b_imports_after"].measurement
+    assert first is not None and after is not None
+    assert 19 * MIB <= first.peak < 30 * MIB
+    assert abs(first.peak - after.peak) <= 0.1 * max(first.peak, after.peak)
+    (booking,) = first.first_imports
+    assert booking.module == "heavy" and 59 * MIB <= booking.host_bytes < 70 * MIB
+    assert 95 * MIB <= booking.peak_bytes < 115 * MIB
+    assert after.first_imports == ()
+    result.stdout.re_match_lines([r"first import of heavy: \+6\d\.\d MiB, not charged \(its peak \+(9\d|1\d\d)\.\d MiB, .*"])
+    # Asked not to, tfmem charges the import to the test, as it did before it booked imports.
+    charged = pytester.runpytest_subprocess(*common, "--no-tfmem-book-imports", "test_heavy.py::test_a_first_to_import")
+    charged.assert_outcomes(failed=1)
+    charged.stdout.re_match_lines([r"tfmem: peak (9\d|1\d\d)\.\d MiB > budget 47\.7 MiB"])
+    assert "first import of" not in charged.stdout.str()
+
+
+FORM_TESTS = {
+    "tf_function": '''
+        def test_tensors_import_tensorflow():
+            import tensorflow as tf
+            assert float(tf.reduce_sum(tf.ones((N,)))) == N
+    ''',
+    "fit_function": '''
+        def test_fit_import_keras():
+            import keras
+            model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+            model.compile(optimizer="adam", loss="mse")
+            model.fit(np.zeros((64, 8), "float32"), np.zeros((64, 1), "float32"), epochs=1, verbose=0)
+    ''',
+    "importorskip_function": '''
+        @pytest.mark.tfmem(isolate=ISOLATE)
+        def test_tensors_importorskip():
+            tf = pytest.importorskip("tensorflow")
+            assert float(tf.reduce_sum(tf.ones((N,)))) == N
+    ''',
+    "cases": '''
+        class TensorsCase(unittest.TestCase):
+            @pytest.mark.tfmem(isolate=ISOLATE)
+            def test_import_keras(self):
+                import keras
+                self.assertEqual(float(keras.ops.sum(keras.ops.ones((N,)))), N)
+
+            def test_importorskip(self):
+                tf = pytest.importorskip("tensorflow")
+                self.assertEqual(float(tf.reduce_sum(tf.ones((N,)))), N)
+    ''',
+    "imports_only": '''
+        def test_imports_only():
+            import keras
+            import tensorflow
+    ''',
+}
+FORM_HEADER = """
+import unittest
+
+import numpy as np
+import pytest
+
+N = 4 * 2**20  # 16 MiB of float32
+ISOLATE = {isolate}
+"""
+
+
+def form_file(isolate: bool, *forms: str) -> str:
+    bodies = "".join(textwrap.dedent(FORM_TESTS[form]) for form in forms)
+    return FORM_HEADER.format(isolate=isolate) + bodies
+
+
+def peaks(path: Path) -> dict[str, int]:
+    records = load_report(path).tests
+    return {record.nodeid: record.measurement.peak for record in records if record.measurement is not None}
+
+
+def agree(first: int, other: int) -> bool:
+    return abs(first - other) <= 0.1 * max(first, other)
+
+
+@pytest.mark.slow
+def test_a_test_reads_the_same_whether_or_not_it_imported_tensorflow_first(pytester: pytest.Pytester):
+    # In process, the first test imports TensorFlow; the importorskip function and a TestCase
+    # method run isolated, each in a fork of a template that has not imported it.
+    pytester.makepyfile(
+        test_first=form_file(True, "tf_function", "fit_function", "importorskip_function", "cases"),
+    )
+    # Under pytest-xdist, one worker per file: in one the fit is the first to import Keras
+    # (and TensorFlow with it); in the other, every form runs after a test that imported both.
+    pytester.makepyfile(
+        test_xdist_first=form_file(False, "fit_function"),
+        test_xdist_after=form_file(False, "imports_only", "fit_function", "tf_function", "importorskip_function", "cases"),
+    )
+    common = ("-p", "no:cacheprovider", "-rA", "--tfmem-budget=200MB")
+    in_process = pytester.runpytest_subprocess(*common, "--tfmem-report=first.json", "test_first.py")
+    in_process.assert_outcomes(passed=5)  # within 200 MB, first import of TensorFlow or not
+    xdist = pytester.runpytest_subprocess(
+        *common, "--tfmem-report=xdist.json", "-n", "2", "--dist", "loadfile", "test_xdist_first.py", "test_xdist_after.py"
+    )
+    xdist.assert_outcomes(passed=7)
+
+    first, spread = peaks(pytester.path / "first.json"), peaks(pytester.path / "xdist.json")
+    # TensorFlow's runtime started inside the import, and its allocator view opened after it.
+    importer = next(r for r in load_report(pytester.path / "first.json").tests if r.nodeid.endswith("tensorflow"))
+    tf_view = importer.measurement.view("tf:CPU:0") if importer.measurement else None
+    assert tf_view is not None and 15 * MIB <= tf_view.increase < 20 * MIB, tf_view
+    after = {nodeid.split("::", 1)[1]: peak for nodeid, peak in spread.items() if nodeid.startswith("test_xdist_after")}
+    for nodeid, peak in first.items():
+        name = nodeid.split("::", 1)[1]
+        assert 15 * MIB <= peak < 40 * MIB, (nodeid, peak)
+        assert agree(peak, after[name]), (nodeid, peak, after[name])
+    fit_first = spread["test_xdist_first.py::test_fit_import_keras"]
+    assert agree(fit_first, after["test_fit_import_keras"]), (fit_first, after["test_fit_import_keras"])
+
+    # Each first import is named in its test's section, with its size; later ones read nothing.
+    imported = {
+        "test_first.py::test_tensors_import_tensorflow": "tensorflow",  # in process
+        "test_first.py::test_tensors_importorskip": "tensorflow",  # isolated
+        "test_first.py::TensorsCase::test_import_keras": "keras",
+    }
+    for nodeid, module in imported.items():
+        section = section_of(in_process.stdout.lines, nodeid)
+        assert any(line.startswith(f"first import of {module}: +5") for line in section), section
+    assert not any("first import of" in line for line in section_of(in_process.stdout.lines, "test_first.py::test_fit_import_keras"))
+    section = section_of(xdist.stdout.lines, "test_xdist_first.py::test_fit_import_keras")
+    assert any(line.startswith("first import of keras: +5") for line in section), section
+
+
+def section_of(lines: list[str], nodeid: str) -> list[str]:
+    """The lines of the one ``-rA`` report block whose tfmem table has a row for ``nodeid``."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith("____"):  # a test's title
+            current = []
+            blocks.append(current)
+        elif line.startswith("===="):  # the next part of the output (the summaries): no test's
+            current = None
+        elif current is not None:
+            current.append(line)
+    (block,) = [block for block in blocks if any(line.startswith(nodeid + " ") for line in block)]
+    return block
