@@ -200,3 +200,34 @@ def test_sys_modules_are_what_they_are_without_the_ledger(modules: Path):
     without, with_ledger = imported("without"), imported("with")
     assert "tfmemtest_fresh_child" in without["new"] and "_sqlite3" in without["new"]  # type: ignore[operator]
     assert with_ledger == without
+
+
+class ImportsWhenBooked(Heard):
+    """A listener that imports a module of its own while it hears of a booking."""
+
+    def import_booked(self, booking: FirstImport) -> None:
+        super().import_booked(booking)
+        importlib.import_module("tfmemtest_listeners_own")
+
+
+class FailsWhileFinishing(Heard):
+    def import_finishing(self, module: str) -> None:
+        raise LookupError(f"listener failed on {module}")
+
+
+def test_listeners_imports_are_the_spans_and_their_errors_close_it(modules: Path, ledger: ImportLedger):
+    for name in ("tfmemtest_outer", "tfmemtest_listeners_own", "tfmemtest_second"):
+        write(modules, name, "")
+    importing = ImportsWhenBooked()
+    ledger.add_listener(importing)
+    mark = ledger.mark()
+    import tfmemtest_outer  # type: ignore[import-not-found]  # noqa: F401
+
+    assert [b.module for b in ledger.since(mark)] == ["tfmemtest_outer"]
+    assert "tfmemtest_listeners_own" in sys.modules and not ledger.importing
+    ledger.remove_listener(importing)
+    ledger.add_listener(FailsWhileFinishing())
+    with pytest.raises(LookupError, match="listener failed on tfmemtest_second"):
+        import tfmemtest_second  # type: ignore[import-not-found]  # noqa: F401
+    assert [b.module for b in ledger.since(mark)] == ["tfmemtest_outer", "tfmemtest_second"]
+    assert not ledger.importing

@@ -193,7 +193,8 @@ class ImportLedger:
         return span
 
     def _end(self, span: _Span, raised: bool) -> None:
-        """Close the span: booked and heard of even when a listener or the import raised."""
+        """Close the span: booked and heard of even when a listener or the import raised. Imports
+        the listeners make are part of the span (none is booked on its own while they run)."""
         try:
             for listener in list(self._listeners):
                 listener.import_finishing(span.module)
@@ -205,9 +206,11 @@ class ImportLedger:
                 time.perf_counter() - span.started, raised,
             )
             self._bookings.append(booking)
-            self._open = None
-            for listener in list(self._listeners):
-                listener.import_booked(booking)
+            try:
+                for listener in list(self._listeners):
+                    listener.import_booked(booking)
+            finally:
+                self._open = None
 
 
 @dataclass(eq=False)
