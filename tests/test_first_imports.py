@@ -14,81 +14,12 @@ from pathlib import Path
 import pytest
 
 from pytest_tfmem.core.first_imports import section_lines
-from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
+from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.gates.reports import load_report
 from pytest_tfmem.probes.imports import FirstImport
-from pytest_tfmem.probes.mixed import MixedSampler
 
 MIB = 2**20
-
-
-class ScriptedSource:
-    name = "scripted"
-
-    def __init__(self) -> None:
-        self.level = self.high = 0
-
-    def set(self, level: int) -> None:
-        self.level = level
-        self.high = max(self.high, level)
-
-    def current(self) -> int:
-        return self.level
-
-    def peak(self) -> int:
-        return self.high
-
-    def reset_peak(self) -> None:
-        self.high = self.level
-
-
-def test_a_span_left_out_counts_neither_its_peak_nor_what_it_kept():
-    source = ScriptedSource()
-    tracker = PeakTracker(source)
-    source.set(100)
-    window = tracker.open()
-    source.set(900)  # the window's own peak: 800 above its start
-    source.set(150)
-    tracker.leave_out_begin()
-    source.set(2000)  # the import's peak
-    source.set(650)  # it kept 500
-    tracker.leave_out_end()
-    source.set(1250)  # 600 above the level the import left: 100 more than at 150, plus 500 new
-    assert tracker.close(window) == ViewReading("scripted", start=600, peak=1400, end=1250)
-    # A tracker with no window open has nothing to leave out.
-    idle = PeakTracker(source)
-    idle.leave_out_begin()
-    idle.leave_out_end()
-
-
-class ScriptedAllocator:
-    """What the mixed sampler reads of a TensorFlow allocator, set by hand."""
-
-    def __init__(self, in_use: int, pool: int) -> None:
-        self.level, self.pool_estimate = in_use, pool
-
-    def current(self) -> int:
-        self.pool_estimate = max(self.pool_estimate, self.level)
-        return self.level
-
-    def peak(self) -> int:
-        return self.current()
-
-
-def test_the_sampled_figure_leaves_the_span_out_too():
-    allocator = ScriptedAllocator(in_use=0, pool=200 * MIB)
-    sampler = MixedSampler(allocator, interval_s=3600)  # type: ignore[arg-type]  # read by hand
-    assert sampler.arm()
-    sampler.leave_out_begin()
-    kept = b"i" * (50 * MIB)  # host memory the import keeps
-    allocator.level = 30 * MIB  # and tensors
-    sampler.leave_out_end()
-    assert sampler.reading().peak < 4 * MIB
-    more = b"t" * (20 * MIB)  # the test's own
-    reading = sampler.disarm()
-    assert 19 * MIB <= reading.peak < 24 * MIB, reading
-    del kept, more
 
 
 def test_bookings_travel_with_the_measurement_and_old_records_still_read():

@@ -34,6 +34,25 @@ def test_an_inner_window_reset_does_not_hide_the_outer_peak():
     assert outer_reading.increase == 800 and outer_reading.net == 100
 
 
+def test_a_span_left_out_counts_neither_its_peak_nor_what_it_kept():
+    source = ScriptedSource()
+    tracker = PeakTracker(source)
+    source.set(100)
+    window = tracker.open()
+    source.set(900)  # the window's own peak: 800 above its start
+    source.set(150)
+    tracker.leave_out_begin()
+    source.set(2000)  # the import's peak
+    source.set(650)  # it kept 500
+    tracker.leave_out_end()
+    source.set(1250)  # 600 above the level the import left: 100 more than at 150, plus 500 new
+    assert tracker.close(window) == ViewReading("scripted", start=600, peak=1400, end=1250)
+    # A tracker with no window open has nothing to leave out.
+    idle = PeakTracker(source)
+    idle.leave_out_begin()
+    idle.leave_out_end()
+
+
 def test_sampled_fallback_when_the_kernel_mark_cannot_be_reset(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(host, "_CLEAR_REFS", "/nonexistent/clear_refs")
     source = host.HostRSS()
@@ -82,6 +101,21 @@ class ScriptedAllocator:
 
     def peak(self) -> int:
         return self.current()
+
+
+def test_the_sampled_figure_leaves_the_span_out_too():
+    allocator = ScriptedAllocator(in_use=0, pool=200 * MIB)
+    sampler = MixedSampler(allocator, interval_s=3600)  # type: ignore[arg-type]  # read by hand
+    assert sampler.arm()
+    sampler.leave_out_begin()
+    kept = b"i" * (50 * MIB)  # host memory the import keeps
+    allocator.in_use = 30 * MIB  # and tensors
+    sampler.leave_out_end()
+    assert sampler.reading().peak < 4 * MIB
+    more = b"t" * (20 * MIB)  # the test's own
+    reading = sampler.disarm()
+    assert 19 * MIB <= reading.peak < 24 * MIB, reading
+    del kept, more
 
 
 def test_the_mixed_sampler_adds_host_memory_outside_the_pool_to_the_tensors_in_use():

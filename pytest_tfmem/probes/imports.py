@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Protocol
@@ -49,13 +49,7 @@ class FirstImport:
     raised: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "module": self.module,
-            "host_bytes": self.host_bytes,
-            "peak_bytes": self.peak_bytes,
-            "duration_s": self.duration_s,
-            "raised": self.raised,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FirstImport:
