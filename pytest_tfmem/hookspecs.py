@@ -78,7 +78,9 @@ def pytest_tfmem_report_sections(item: pytest.Item, record: TestRecord) -> list[
 
 @pytest.hookspec
 def pytest_tfmem_configure_tensorflow(config: pytest.Config, tf: ModuleType, runtime_started: bool) -> None:
-    """TensorFlow was found loaded, before tfmem starts its runtime.
+    """TensorFlow was found loaded, before tfmem starts its runtime: before the first measured
+    test, or inside a test's own first import of TensorFlow, right after it (the import's memory
+    is not charged to the test).
 
     Device settings (memory growth, logical memory limits) can only be applied while
     ``runtime_started`` is false.

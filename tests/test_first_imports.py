@@ -9,7 +9,6 @@ under pytest-xdist.
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -104,9 +103,9 @@ FORM_TESTS = {
     "cases": '''
         class TensorsCase(unittest.TestCase):
             @pytest.mark.tfmem(isolate=ISOLATE)
-            def test_import_keras(self):
-                import keras
-                self.assertEqual(float(keras.ops.sum(keras.ops.ones((N,)))), N)
+            def test_import_tensorflow(self):
+                import tensorflow as tf
+                self.assertEqual(float(tf.reduce_sum(tf.ones((N,)))), N)
 
             def test_importorskip(self):
                 tf = pytest.importorskip("tensorflow")
@@ -134,61 +133,46 @@ def form_file(isolate: bool, *forms: str) -> str:
     return FORM_HEADER.format(isolate=isolate) + bodies
 
 
-def peaks(path: Path) -> dict[str, int]:
-    records = load_report(path).tests
-    return {record.nodeid: record.measurement.peak for record in records if record.measurement is not None}
-
-
-def agree(first: int, other: int) -> bool:
-    return abs(first - other) <= 0.1 * max(first, other)
-
-
 @pytest.mark.slow
 def test_a_test_reads_the_same_whether_or_not_it_imported_tensorflow_first(pytester: pytest.Pytester):
-    # In process, the first test imports TensorFlow; the importorskip function and a TestCase
-    # method run isolated, each in a fork of a template that has not imported it.
+    # Under pytest-xdist, one worker per file. In the first file's worker the Keras fit is the
+    # first test, and the first to import Keras (TensorFlow with it); the importorskip function
+    # and a TestCase method that imports TensorFlow run isolated, each in a fork of a template
+    # that has not imported it, so each is the first there. In the other worker every form runs
+    # after a test that imported both.
     pytester.makepyfile(
-        test_first=form_file(True, "tf_function", "fit_function", "importorskip_function", "cases"),
+        test_first=form_file(True, "fit_function", "tf_function", "importorskip_function", "cases"),
+        test_after=form_file(False, "imports_only", "fit_function", "tf_function", "importorskip_function", "cases"),
     )
-    # Under pytest-xdist, one worker per file: in one the fit is the first to import Keras
-    # (and TensorFlow with it); in the other, every form runs after a test that imported both.
-    pytester.makepyfile(
-        test_xdist_first=form_file(False, "fit_function"),
-        test_xdist_after=form_file(False, "imports_only", "fit_function", "tf_function", "importorskip_function", "cases"),
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-rA", "--tfmem-budget=200MB", "--tfmem-report=report.json",
+        "-n", "2", "--dist", "loadfile", "test_first.py", "test_after.py",
     )
-    common = ("-p", "no:cacheprovider", "-rA", "--tfmem-budget=200MB")
-    in_process = pytester.runpytest_subprocess(*common, "--tfmem-report=first.json", "test_first.py")
-    in_process.assert_outcomes(passed=5)  # within 200 MB, first import of TensorFlow or not
-    xdist = pytester.runpytest_subprocess(
-        *common, "--tfmem-report=xdist.json", "-n", "2", "--dist", "loadfile", "test_xdist_first.py", "test_xdist_after.py"
-    )
-    xdist.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=11)  # within 200 MB, first import of TensorFlow or not
+    records = {record.nodeid: record for record in load_report(pytester.path / "report.json").tests}
+    figures = {nodeid: record.measurement.peak for nodeid, record in records.items() if record.measurement}
+    for name in ("test_fit_import_keras", "test_tensors_import_tensorflow", "test_tensors_importorskip",
+                 "TensorsCase::test_import_tensorflow", "TensorsCase::test_importorskip"):
+        first, after = figures[f"test_first.py::{name}"], figures[f"test_after.py::{name}"]
+        assert 15 * MIB <= first < 40 * MIB and abs(first - after) <= 0.1 * max(first, after), (name, first, after)
 
-    first, spread = peaks(pytester.path / "first.json"), peaks(pytester.path / "xdist.json")
-    # TensorFlow's runtime started inside the import, and its allocator view opened after it.
-    importer = next(r for r in load_report(pytester.path / "first.json").tests if r.nodeid.endswith("tensorflow"))
-    tf_view = importer.measurement.view("tf:CPU:0") if importer.measurement else None
-    assert tf_view is not None and 15 * MIB <= tf_view.increase < 20 * MIB, tf_view
-    after = {nodeid.split("::", 1)[1]: peak for nodeid, peak in spread.items() if nodeid.startswith("test_xdist_after")}
-    for nodeid, peak in first.items():
-        name = nodeid.split("::", 1)[1]
-        assert 15 * MIB <= peak < 40 * MIB, (nodeid, peak)
-        assert agree(peak, after[name]), (nodeid, peak, after[name])
-    fit_first = spread["test_xdist_first.py::test_fit_import_keras"]
-    assert agree(fit_first, after["test_fit_import_keras"]), (fit_first, after["test_fit_import_keras"])
-
-    # Each first import is named in its test's section, with its size; later ones read nothing.
+    # Each first import is named in its test's section, with its size; the tests after it read
+    # nothing of it. TensorFlow's runtime started inside the import: its allocator view opened after.
     imported = {
-        "test_first.py::test_tensors_import_tensorflow": "tensorflow",  # in process
+        "test_first.py::test_fit_import_keras": "keras",  # in the worker's own process
         "test_first.py::test_tensors_importorskip": "tensorflow",  # isolated
-        "test_first.py::TensorsCase::test_import_keras": "keras",
+        "test_first.py::TensorsCase::test_import_tensorflow": "tensorflow",
+        "test_after.py::test_imports_only": "keras",  # the other worker's
     }
     for nodeid, module in imported.items():
-        section = section_of(in_process.stdout.lines, nodeid)
+        section = section_of(result.stdout.lines, nodeid)
         assert any(line.startswith(f"first import of {module}: +5") for line in section), section
-    assert not any("first import of" in line for line in section_of(in_process.stdout.lines, "test_first.py::test_fit_import_keras"))
-    section = section_of(xdist.stdout.lines, "test_xdist_first.py::test_fit_import_keras")
-    assert any(line.startswith("first import of keras: +5") for line in section), section
+        assert [b.module for b in records[nodeid].measurement.first_imports if b.host_bytes > 100 * MIB] == [module]  # type: ignore[union-attr]
+    for nodeid in set(records) - set(imported):
+        assert not any("first import of" in line for line in section_of(result.stdout.lines, nodeid)), nodeid
+    case = records["test_first.py::TensorsCase::test_import_tensorflow"].measurement
+    tf_view = case.view("tf:CPU:0") if case else None
+    assert tf_view is not None and 15 * MIB <= tf_view.increase < 20 * MIB, tf_view
 
 
 def section_of(lines: list[str], nodeid: str) -> list[str]:

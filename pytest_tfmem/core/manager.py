@@ -170,7 +170,7 @@ class TfmemManager:
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Book first imports from the first measured test's setup on (before its fixtures run)."""
-        if self.settings.book_imports and not self.imports.installed and self.is_measured(item):
+        if self.settings.book_imports and self.is_measured(item) and not self.imports.installed:
             self.imports.install()
 
     # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
