@@ -5,9 +5,10 @@ forked: TensorFlow is not fork-safe), measured there by ``Monitor``. A fresh pro
 trial means an earlier trial's pooled allocator memory, traced functions or leaks cannot
 lower or raise a later trial's figure. The search is a bisection over the candidate batch
 sizes ``low, low + resolution, ..., <= high``: at most ``ceil(log2(candidates + 1))``
-trials, and the answer is the largest candidate that fitted. While a trial runs, the parent
-watches the trial's RSS and stops it as soon as its increase passes the budget, so a trial
-far above the limit costs neither the time to finish nor the memory it was heading for.
+trials, and the answer is the largest candidate that fitted. While a trial runs, the parent's
+watchdog (``probes.watchdog``) reads the trial's process tree and stops it as soon as its RSS
+increase passes the budget, so a trial far above the limit costs neither the time to finish
+nor the memory it was heading for.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import psutil
-
 from pytest_tfmem.core.measure import Measurement, Monitor
 from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes.watchdog import Watchdog
 from pytest_tfmem.units import format_size, parse_size
 
 # Exception class names that mean "this batch did not fit" rather than "the step is broken".
@@ -177,34 +177,60 @@ def _run_trial(step: Callable[[int], object], setup: Callable[[], object] | None
         receiver.close()
 
 
+@dataclass(frozen=True)
+class _TrialProcess:
+    """A trial's ``multiprocessing.Process`` as the watchdog sees a child process."""
+
+    process: Any
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self) -> int:
+        self.process.join()
+        return int(self.process.exitcode)
+
+
 def _watch(process: Any, receiver: Connection, batch_size: int, budget: int) -> BatchTrial:
-    """Wait for the trial's result; stop it once its RSS increase passes the budget."""
-    watched = psutil.Process(process.pid)
+    """Wait for the trial's result; the watchdog stops it once its RSS increase passes the budget
+    (its limit is set when the trial says its RSS at the start of the step)."""
+    watchdog = Watchdog(_TrialProcess(process), None, _WATCH_INTERVAL_S).start()
+    try:
+        return _wait_for_result(process, watchdog, receiver, batch_size, budget)
+    finally:
+        watchdog.stop()
+
+
+def _wait_for_result(process: Any, watchdog: Watchdog, receiver: Connection, batch_size: int,
+                     budget: int) -> BatchTrial:
     start_rss: int | None = None
-    seen = 0
     while True:
+        seen = 0 if start_rss is None else max(0, watchdog.peak_rss - start_rss)
+        if watchdog.killed_at_limit:
+            process.join()
+            return BatchTrial(batch_size, False, seen,
+                              f"stopped: RSS grew {format_size(seen)} > budget {format_size(budget)}")
         if receiver.poll(_WATCH_INTERVAL_S):
             try:
                 message = receiver.recv()
             except EOFError:  # the process ended without sending its result
+                if watchdog.killed_at_limit:
+                    continue
                 return _died(process, batch_size, seen)
             if message[0] == "started":
                 start_rss = message[1]
+                watchdog.kill_at = start_rss + budget + 1  # stopped once the increase passes the budget
                 continue
             return _trial_from_message(message, batch_size, budget)
         if not process.is_alive():
-            if receiver.poll():
+            if receiver.poll() or watchdog.killed_at_limit:
                 continue
             return _died(process, batch_size, seen)
-        if start_rss is not None:
-            try:
-                seen = max(seen, watched.memory_info().rss - start_rss)
-            except psutil.Error:
-                continue
-            if seen > budget:
-                process.kill()
-                return BatchTrial(batch_size, False, seen,
-                                  f"stopped: RSS grew {format_size(seen)} > budget {format_size(budget)}")
 
 
 def _died(process: Any, batch_size: int, seen: int) -> BatchTrial:

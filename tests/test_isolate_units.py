@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ProcessTreeRss, downsample
+from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ProcessTreeRss, downsample
 from pytest_tfmem.journal.reader import (
     EXIT_DID_NOT_FINISH,
     EXIT_NO_RESULTS,

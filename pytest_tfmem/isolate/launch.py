@@ -33,7 +33,7 @@ from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.isolate.child import ChildSpec
 from pytest_tfmem.isolate.template import TemplateSpec, fork_unsafe_reason
-from pytest_tfmem.isolate.watchdog import TEMPLATE_PIDS, ChildProcess
+from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ChildProcess
 
 FORK = "fork"
 SPAWN = "spawn"

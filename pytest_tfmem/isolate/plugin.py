@@ -46,9 +46,9 @@ from pytest_tfmem.isolate.results import (
     sampled_measurement,
 )
 from pytest_tfmem.isolate.template import fork_unsafe_reason
-from pytest_tfmem.isolate.watchdog import Watchdog, WatchResult
 from pytest_tfmem.journal.format import results_path
 from pytest_tfmem.probes import system
+from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
 _AUTO_KEY = "tfmem_isolate_auto"

@@ -15,8 +15,8 @@ import pytest
 
 from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord, publish, published_record, record_from_report
-from pytest_tfmem.isolate.watchdog import WatchResult, describe_signal, downsample
 from pytest_tfmem.probes.system import MemoryLimit
+from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample
 from pytest_tfmem.units import format_size
 
 PROCESS_PEAK_PROPERTY = "tfmem_isolated_process_peak_bytes"  # beside the record, for JUnit XML
@@ -179,7 +179,7 @@ def death_message(
         )
         return "kill_at", f"{head}\n{readings}\n{available}"
     if result.signal is not None:
-        described = describe_signal(result.signal, result.oom_kills)
+        described = describe_signal(result.signal, result.oom_kills, result.oom_scope)
         return "signal", f"tfmem: the isolated test's process was {described}\n{readings}\n{available}"
     problems = [event["text"] for event in events if event["event"] == "collect_error"]
     if any(event["event"] == "not_collected" for event in events):

@@ -13,22 +13,34 @@ One JSON object per line, in the order things happened:
 Every line but the first carries the session's id and the time; lines of pytest-xdist workers
 carry the worker's id. Written by ``journal.plugin``, read by ``journal.reader`` (``tfmem
 last``) and by the pytest-xdist controller for a crashed worker's test (``workers.crash``);
-this module knows nothing of pytest's hooks.
+this module knows nothing of pytest's hooks. ``tfmem run`` writes the same entries for a
+script (its header says ``"kind": "run"``), so ``tfmem last`` tells a killed run's story too.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_tfmem import files
 from pytest_tfmem.core import settings
 from pytest_tfmem.files import DIRECTORY
 
 DEFAULT_PATH = Path(DIRECTORY) / "results.jsonl"  # under the rootdir
 SAMPLE_INTERVAL_S = 0.1  # how often the running test's process tree is read
+SYNC_INTERVAL_S = 1.0
+WRITE_INTERVAL_S = 1.0
+# A sampled peak this much above the last one written is written at once.
+GROWTH_TO_WRITE = 0.10
+GROWTH_TO_WRITE_BYTES = 16 * 2**20
 
 RESULTS = settings.Option(
     "results",
@@ -61,3 +73,64 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
             if isinstance(entry, dict):
                 entries.append(entry)
     return entries
+
+
+def reading_due(peak: int, written_peak: int, since_written_s: float) -> bool:
+    """Whether a ``reading`` is to be written now: a second since the last one, or the peak has
+    grown by 10% (at least 16 MiB) since the last one written."""
+    grown = peak - written_peak > max(GROWTH_TO_WRITE * written_peak, GROWTH_TO_WRITE_BYTES)
+    return grown or since_written_s >= WRITE_INTERVAL_S
+
+
+@contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock shared by every process writing into ``directory`` (flock)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock
+
+
+def first_entry(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as journal:
+            return json.loads(journal.readline())
+    except (OSError, ValueError):
+        return {}
+
+
+class JournalFile:
+    """Appends entries to one session's journal; the first writer of a session starts the
+    file (keeping the previous session's as ``*.previous.jsonl``), later writers append."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.header = header
+        self._descriptor: int | None = None
+        self._synced = float("-inf")
+
+    def open(self) -> None:
+        files.make_directory(self.path.parent)
+        with _directory_lock(self.path.parent):
+            if first_entry(self.path).get("session") != self.header["session"]:
+                if self.path.exists():
+                    os.replace(self.path, previous_path(self.path))
+                files.write_text_atomic(self.path, json.dumps(self.header) + "\n")
+            self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+
+    def append(self, entry: dict[str, Any], *, sync: bool = False) -> None:
+        """Append one line; with ``sync``, also flush it to disk if the last sync is a second old."""
+        if self._descriptor is None:
+            return
+        entry = {"session": self.header["session"], "time": round(time.time(), 3), **entry}
+        os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
+        if sync and time.monotonic() - self._synced >= SYNC_INTERVAL_S:
+            os.fsync(self._descriptor)
+            self._synced = time.monotonic()
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None

@@ -13,88 +13,29 @@ a suite of small tests down). The previous session's journal is kept beside it
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from pytest_tfmem import files
 from pytest_tfmem.core import processes, settings
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.record import record_from_report
 from pytest_tfmem.core.subtests import subtest_description
-from pytest_tfmem.isolate.watchdog import ProcessTreeRss
-from pytest_tfmem.journal.format import RESULTS, SAMPLE_INTERVAL_S, previous_path, results_path
+from pytest_tfmem.journal.format import (
+    RESULTS,
+    SAMPLE_INTERVAL_S,
+    WRITE_INTERVAL_S,
+    JournalFile,
+    first_entry,
+    reading_due,
+    results_path,
+)
 from pytest_tfmem.probes.sampler import Sampler
-
-SYNC_INTERVAL_S = 1.0
-WRITE_INTERVAL_S = 1.0
-# A sampled peak this much above the last one written is written at once.
-GROWTH_TO_WRITE = 0.10
-GROWTH_TO_WRITE_BYTES = 16 * 2**20
-
-
-@contextmanager
-def _directory_lock(directory: Path) -> Iterator[None]:
-    """An exclusive lock shared by every process writing into ``directory`` (flock)."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)  # closing releases the lock
-
-
-def _first_entry(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as journal:
-            return json.loads(journal.readline())
-    except (OSError, ValueError):
-        return {}
-
-
-class JournalFile:
-    """Appends entries to one session's journal; the first writer of a session starts the
-    file (keeping the previous session's as ``*.previous.jsonl``), later writers append."""
-
-    def __init__(self, path: Path, header: dict[str, Any]) -> None:
-        self.path = path
-        self.header = header
-        self._descriptor: int | None = None
-        self._synced = float("-inf")
-
-    def open(self) -> None:
-        files.make_directory(self.path.parent)
-        with _directory_lock(self.path.parent):
-            if _first_entry(self.path).get("session") != self.header["session"]:
-                if self.path.exists():
-                    os.replace(self.path, previous_path(self.path))
-                files.write_text_atomic(self.path, json.dumps(self.header) + "\n")
-            self._descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-
-    def append(self, entry: dict[str, Any], *, sync: bool = False) -> None:
-        """Append one line; with ``sync``, also flush it to disk if the last sync is a second old."""
-        if self._descriptor is None:
-            return
-        entry = {"session": self.header["session"], "time": round(time.time(), 3), **entry}
-        os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
-        if sync and time.monotonic() - self._synced >= SYNC_INTERVAL_S:
-            os.fsync(self._descriptor)
-            self._synced = time.monotonic()
-
-    def close(self) -> None:
-        if self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
+from pytest_tfmem.probes.watchdog import ProcessTreeRss
 
 
 @dataclass
@@ -147,10 +88,7 @@ class ReadingsThread:
                 return
             running.peak = max(running.peak, rss)
             now = time.monotonic()
-            grown = running.peak - running.written_peak > max(
-                GROWTH_TO_WRITE * running.written_peak, GROWTH_TO_WRITE_BYTES
-            )
-            if not grown and now - running.written_at < WRITE_INTERVAL_S:
+            if not reading_due(running.peak, running.written_peak, now - running.written_at):
                 return
             running.written_peak, running.written_at = running.peak, now
             entry = {
@@ -270,7 +208,7 @@ class TfmemJournal:
             self.readings.stop()
         if self.journal is not None:
             self.journal.close()
-        ours = _first_entry(self.path).get("session") == self.header["session"]
+        ours = first_entry(self.path).get("session") == self.header["session"]
         if processes.role(self.config).writes_session_outputs and ours:
             ending = JournalFile(self.path, self.header)
             ending.open()

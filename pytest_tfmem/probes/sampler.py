@@ -4,7 +4,7 @@
 ``stop()`` (which waits for the thread) or until the function returns ``False`` (what it reads
 is gone). The readings are the function's business: RSS where the kernel keeps no peak
 (``host``), NVML (``nvml``), host and TensorFlow memory at once (``mixed``), an isolated test's
-process tree (``isolate.watchdog``), the journal's readings and the trace's timeline.
+process tree (``watchdog``), the journal's readings and the trace's timeline.
 
 Nothing here imports the rest of the package, so ``nvml`` can be loaded without it.
 """

@@ -122,3 +122,45 @@ def oom_kill_count(root: Path = CGROUP_ROOT, proc_cgroup: Path = _PROC_CGROUP) -
             if key == "oom_kill" and value.strip().isdigit():
                 return int(value)
     return None
+
+
+_VMSTAT = Path("/proc/vmstat")
+
+
+def machine_oom_kill_count(vmstat: Path = _VMSTAT) -> int | None:
+    """Processes the kernel's OOM killer has killed on the machine since boot (``oom_kill``
+    in ``/proc/vmstat``, Linux >= 4.13); ``None`` if unknown."""
+    try:
+        lines = vmstat.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+@dataclass(frozen=True)
+class OomKillCount:
+    """An ``oom_kill`` count and whose it is: ``this cgroup``'s, or ``the machine``'s."""
+
+    count: int
+    scope: str
+
+
+def oom_kill_counter() -> OomKillCount | None:
+    """This cgroup's ``oom_kill`` count where the cgroup keeps one, else the machine's."""
+    cgroup = oom_kill_count()
+    if cgroup is not None:
+        return OomKillCount(cgroup, "this cgroup")
+    machine = machine_oom_kill_count()
+    return None if machine is None else OomKillCount(machine, "the machine")
+
+
+def oom_kills_since(before: OomKillCount | None) -> OomKillCount | None:
+    """How far the count read as ``before`` has risen since (same scope); ``None`` if unknown."""
+    if before is None:
+        return None
+    now = oom_kill_count() if before.scope == "this cgroup" else machine_oom_kill_count()
+    return None if now is None else OomKillCount(now - before.count, before.scope)

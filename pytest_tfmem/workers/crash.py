@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.isolate.watchdog import describe_signal
 from pytest_tfmem.journal.format import read_journal
 from pytest_tfmem.journal.reader import last_reading_line, unfinished_tests
 from pytest_tfmem.probes import system
+from pytest_tfmem.probes.watchdog import describe_signal
 from pytest_tfmem.units import format_size
 
 # How long to wait for a crashed worker's process to be reaped, to read its exit status.

@@ -1,12 +1,15 @@
 """Watch a child process and its descendants; kill the tree at a hard memory limit.
 
-The watcher samples the tree's resident memory (the child plus every process it started)
-every ``interval_s`` on a ``Sampler``'s thread, while the calling thread waits for the child. With each
-sample it also reads the child's own high-water mark (``VmHWM`` in ``/proc/PID/status``),
-which the kernel keeps exactly, spikes between two samples included. (``ru_maxrss`` from
-``wait4`` would not do: it starts from the parent's size, copied at fork and kept by exec.)
-When a reading reaches ``kill_at`` the tree is sent SIGKILL at once: a process that
-allocates fast can still overshoot the limit by what it allocates within one interval.
+The outside view of a process, shared by isolated tests (``isolate``), ``tfmem run`` and
+``find_max_batch_size``'s trials. The watcher samples the tree's resident memory (the child
+plus every process it started) every ``interval_s`` on a ``Sampler``'s thread, while the
+calling thread waits for the child. With each sample it also reads the high-water mark of each
+process of the tree (``VmHWM`` in ``/proc/PID/status``), which the kernel keeps exactly, spikes
+between two samples included (for a process that ends between two samples, the mark as last
+read). (``ru_maxrss`` from ``wait4`` would not do: it starts from the parent's size, copied at
+fork and kept by exec.) When a reading reaches ``kill_at`` the tree is sent SIGKILL at once: a
+process that allocates fast can still overshoot the limit by what it allocates within one
+interval.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,8 +51,11 @@ class WatchResult:
     child_peak_rss: int  # the child's own high-water mark, exact, as last read (0 if never read)
     elapsed_s: float
     timeline: list[tuple[float, int]] = field(default_factory=list)
-    oom_kills: int | None = None  # OOM kills in this cgroup while the child ran, if known
+    oom_kills: int | None = None  # OOM kills in ``oom_scope`` while the child ran, if known
     available: int = 0  # memory still available on the machine (or cgroup) at the last reading
+    # pid -> the highest high-water mark read of each process of the tree (the child's included)
+    high_water_marks: dict[int, int] = field(default_factory=dict)
+    oom_scope: str = "this cgroup"  # whose oom_kill count ``oom_kills`` is: "this cgroup", "the machine"
 
     @property
     def signal(self) -> signal.Signals | None:
@@ -69,20 +76,25 @@ class WatchResult:
         return lines
 
 
-def describe_signal(sig: signal.Signals, oom_kills: int | None) -> str:
+def describe_signal(sig: signal.Signals, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
     """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``.
 
-    ``oom_kills``: how far the cgroup's ``oom_kill`` count rose while the process ran, if known.
+    ``oom_kills``: how far the ``oom_kill`` count of ``oom_scope`` rose while the process ran, if known.
     """
     cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
     if sig == signal.SIGKILL and oom_kills:
-        cause = f"the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {oom_kills})"
+        cause = f"the kernel's OOM killer: out of memory ({oom_scope}'s oom_kill count rose by {oom_kills})"
     elif sig == signal.SIGKILL and oom_kills == 0:
         cause = (
-            "SIGKILL is what the kernel's OOM killer sends when memory runs out, but this cgroup's "
+            f"SIGKILL is what the kernel's OOM killer sends when memory runs out, but {oom_scope}'s "
             "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"
         )
     return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
+
+
+def killed_by_oom_killer(sig: signal.Signals | None, oom_kills: int | None) -> bool:
+    """The kernel's OOM killer sent it: a SIGKILL while the ``oom_kill`` count rose."""
+    return sig == signal.SIGKILL and bool(oom_kills)
 
 
 def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
@@ -135,10 +147,19 @@ class ProcessTreeRss:
                 pass
         return rss
 
+    def high_water_marks(self) -> dict[int, int]:
+        """Each process's high-water mark (``VmHWM``, exact), by pid: the root, then the
+        descendants last listed; a process already gone is left out."""
+        marks = {}
+        for pid in (self.pid, *(process.pid for process in self.descendants)):
+            if pid not in TEMPLATE_PIDS and (mark := host.high_water_mark(pid)) is not None:
+                marks[pid] = mark
+        return marks
+
 
 class ChildProcess(Protocol):
-    """What the watchdog needs of an isolated test's process: a ``subprocess.Popen``, or a
-    fork of the template (whose exit status the template reports)."""
+    """What the watchdog needs of the process it watches: a ``subprocess.Popen``, a fork of
+    isolation's template (whose exit status the template reports), a trial process."""
 
     @property
     def pid(self) -> int: ...
@@ -149,21 +170,47 @@ class ChildProcess(Protocol):
     def wait(self) -> int: ...
 
 
-class Watchdog:
-    """Sample a child's process tree, kill it at ``kill_at``, wait for it to end."""
+Reading = Callable[[float, int], object]  # called with (seconds since the start, tree RSS)
 
-    def __init__(self, process: ChildProcess, kill_at: int | None, interval_s: float = 0.02) -> None:
+
+class Watchdog:
+    """Sample a child's process tree, kill it at ``kill_at``, wait for it to end.
+
+    ``kill_at`` may be set (or changed) once watching has started; ``on_reading`` is called
+    on the sampling thread with each reading.
+    """
+
+    def __init__(
+        self, process: ChildProcess, kill_at: int | None, interval_s: float = 0.02, on_reading: Reading | None = None
+    ) -> None:
         self.process = process
         self.kill_at = kill_at
         self.interval_s = interval_s
+        self.on_reading = on_reading
         self.killed_at_limit = False
         self._tree = ProcessTreeRss(process.pid)
         self._available = system.available_memory()
         self._available_read = time.monotonic()
         self._timeline: list[tuple[float, int]] = []
-        self._child_peak = 0
+        self._marks: dict[int, int] = {}
         self._sampler = Sampler(self._sample, interval_s, "tfmem-watchdog")
+        self._oom_before: system.OomKillCount | None = None
         self._t0 = time.monotonic()
+
+    @property
+    def peak_rss(self) -> int:
+        """The highest tree RSS sampled so far."""
+        return max((rss for _, rss in self._timeline), default=0)
+
+    def start(self) -> Watchdog:
+        """Start sampling (``wait`` starts it if this has not)."""
+        if self._oom_before is None:
+            self._oom_before = system.oom_kill_counter()
+            self._sampler.start()
+        return self
+
+    def stop(self) -> None:
+        self._sampler.stop()
 
     def _kill_tree(self) -> None:
         self._tree.refresh()
@@ -187,10 +234,14 @@ class Watchdog:
             rss = self._tree.read()
         except psutil.Error:  # the child has exited
             return False
-        self._child_peak = max(self._child_peak, host.high_water_mark(self.process.pid) or 0)
+        for pid, mark in self._tree.high_water_marks().items():
+            self._marks[pid] = max(self._marks.get(pid, 0), mark)
         if time.monotonic() - self._available_read >= _TREE_REFRESH_S:
             self._available, self._available_read = system.available_memory(), time.monotonic()
-        self._timeline.append((time.monotonic() - self._t0, rss))
+        elapsed = time.monotonic() - self._t0
+        self._timeline.append((elapsed, rss))
+        if self.on_reading is not None:
+            self.on_reading(elapsed, rss)
         if self.kill_at is not None and rss >= self.kill_at and not self.killed_at_limit:
             self.killed_at_limit = True
             self._kill_tree()
@@ -199,8 +250,7 @@ class Watchdog:
 
     def wait(self) -> WatchResult:
         """Block until the child has ended; reap it and return what was seen."""
-        oom_before = system.oom_kill_count()
-        self._sampler.start()
+        self.start()
         try:
             self.process.wait()
         except BaseException:  # interrupted (Ctrl-C): the child must not outlive the wait
@@ -213,7 +263,7 @@ class Watchdog:
         returncode = self.process.wait()  # reaped: known
         if returncode < 0:
             self.kill_descendants()
-        oom_after = system.oom_kill_count()
+        oom_kills = system.oom_kills_since(self._oom_before)
         timeline = self._timeline
         return WatchResult(
             returncode=returncode,
@@ -221,9 +271,11 @@ class Watchdog:
             killed_at_limit=self.killed_at_limit and returncode == -signal.SIGKILL,
             last_rss=timeline[-1][1] if timeline else 0,
             peak_rss=max((rss for _, rss in timeline), default=0),
-            child_peak_rss=self._child_peak,
+            child_peak_rss=self._marks.get(self.process.pid, 0),
             elapsed_s=elapsed,
             timeline=timeline,
-            oom_kills=None if oom_before is None or oom_after is None else oom_after - oom_before,
+            oom_kills=None if oom_kills is None else oom_kills.count,
             available=self._available,
+            high_water_marks=dict(self._marks),
+            oom_scope="this cgroup" if oom_kills is None else oom_kills.scope,
         )
