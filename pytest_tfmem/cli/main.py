@@ -4,10 +4,11 @@
     tfmem show REPORT [--top N]
     tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N]
     tfmem last [RESULTS] [--all]
+    tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]
 
 Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the session
 ``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
-bad option value).
+bad option value). ``run`` exits with the code of what it ran (``run.command``).
 
 Each subcommand is a ``Command`` in ``COMMANDS``: its name, the ``run_*`` function that
 runs it, its help and its arguments; adding one is adding a ``Command``.
@@ -46,6 +47,7 @@ from pytest_tfmem.gates.reports import (
     summary_counts,
 )
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
+from pytest_tfmem.units import SIZE_FORMS, parse_size
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -71,6 +73,10 @@ def _option_type(parse: Callable[[object, str], Any], what: str) -> Callable[[st
 _TOP = _option_type(parse_positive_int, "number")
 
 
+def _size(what: str) -> Callable[[str], int]:
+    return _option_type(lambda text, name: parse_size(text, what=name), what)
+
+
 @dataclass(frozen=True)
 class Argument:
     """One ``add_argument`` call: the names, then the keywords."""
@@ -92,9 +98,20 @@ class Command:
     help: str
     description: str
     arguments: tuple[Argument, ...]
+    usage: str | None = None
+    # Splits the arguments after the name into the command's options and a rest argparse must not
+    # read (``tfmem run``'s script and its arguments); the rest becomes ``args.rest``.
+    split: Callable[[list[str], set[str]], tuple[list[str], list[str]]] | None = None
+
+    @property
+    def valued_options(self) -> set[str]:
+        """The option names that take a value."""
+        return {name for each in self.arguments if each.names[0].startswith("-")
+                and each.options.get("action") not in ("store_true", "store_false") for name in each.names}
 
     def add_to(self, subparsers: argparse._SubParsersAction) -> None:
-        parser = subparsers.add_parser(self.name, help=self.help, description=self.description)
+        parser = subparsers.add_parser(self.name, help=self.help, description=self.description, usage=self.usage,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
         for each in self.arguments:
             parser.add_argument(*each.names, **each.options)
         parser.set_defaults(run=self.run)
@@ -212,6 +229,52 @@ def run_last(args: argparse.Namespace) -> int:
     return code
 
 
+# run
+
+
+def run_run(args: argparse.Namespace) -> int:
+    from pytest_tfmem.run.command import RunOptions, Target, TargetError, run
+
+    try:
+        target = Target.parse(args.rest)
+    except TargetError as error:
+        raise CliError(str(error)) from None
+    options = RunOptions(
+        budget=args.budget, kill_at=args.kill_at, gpu_budget=args.gpu_budget,
+        report=Path(args.report) if args.report else None, plot=Path(args.plot) if args.plot else None,
+        results=Path(args.results) if args.results else None,
+    )
+    if options.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CliError("tfmem run --plot needs matplotlib: pip install matplotlib") from None
+    try:
+        return run(target, options).exit_code
+    except OSError as error:
+        raise CliError(f"cannot write {error.filename!r}: {error.strerror or error}") from None
+
+
+def _split_run(tokens: list[str], valued: set[str]) -> tuple[list[str], list[str]]:
+    from pytest_tfmem.run.command import split_argv
+
+    return split_argv(tokens, valued)
+
+
+RUN_DESCRIPTION = """Run a Python script, a Python module or any program; say at the end what memory it took, and
+why it died if it was killed.
+
+  tfmem run [OPTIONS] script.py [ARGS]    a Python script, with an agent in its process (where
+                                          it was, TensorFlow's allocators) from its first line
+  tfmem run [OPTIONS] -m module [ARGS]    a Python module, the same way
+  tfmem run [OPTIONS] -- COMMAND [ARGS]   any program: its process tree seen from outside only
+
+The peak is each process's own high-water mark (the kernel's, exact). Output, exit code and
+signals pass through: the exit code is the program's (128 + N when signal N ended it, 137 for
+SIGKILL), 1 when it exited 0 but a budget was passed, 2 for bad input. Ctrl-C reaches the
+program; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to tfmem run are passed on to it."""
+
+
 # the command
 
 
@@ -278,6 +341,26 @@ COMMANDS = [
             argument("--all", action="store_true", help="list every finished test, not only the last 20"),
         ),
     ),
+    Command(
+        "run",
+        run_run,
+        help="run a script (or any command), then say what memory it took and why it died",
+        description=RUN_DESCRIPTION,
+        usage="tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]",
+        split=_split_run,
+        arguments=(
+            argument("--budget", type=_size("--budget size"), metavar="SIZE",
+                     help="exit code 1 (if it exited 0) when the peak passes SIZE; " + SIZE_FORMS.replace("%", "%%")),
+            argument("--kill-at", type=_size("--kill-at size"), metavar="SIZE",
+                     help="kill the process tree (SIGKILL) as soon as its RSS reaches SIZE"),
+            argument("--gpu-budget", type=_size("--gpu-budget size"), metavar="SIZE",
+                     help="exit code 1 when the program's memory on a GPU (NVML) passes SIZE"),
+            argument("--report", metavar="PATH", help="write the figures as JSON (format: docs/ci.md)"),
+            argument("--plot", metavar="PNG", help="draw the memory timeline, host and TensorFlow (matplotlib)"),
+            argument("--results", metavar="PATH",
+                     help="the results journal tfmem last reads (default .tfmem/results.jsonl here)"),
+        ),
+    ),
 ]
 
 
@@ -303,7 +386,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    command = next((c for c in COMMANDS if tokens and c.name == tokens[0] and c.split is not None), None)
+    rest: list[str] = []
+    if command is not None and command.split is not None:
+        own, rest = command.split(tokens[1:], command.valued_options)
+        tokens = [tokens[0], *own]
+    args = parser.parse_args(tokens)
+    args.rest = rest
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT

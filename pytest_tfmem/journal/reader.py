@@ -1,7 +1,7 @@
 """Reading the results journal (``journal.format``): what ``tfmem last`` prints.
 
-The journal's last session is told in full: whether it finished (its ``end`` entry), is
-still running (its pytest process is alive) or stopped without finishing; each test started
+The journal's last session (a pytest session, or a ``tfmem run``) is told in full: whether it
+finished (its ``end`` entry), is still running (its process is alive) or stopped without finishing; each test started
 and never finished, with its last memory reading; and the tests that finished.
 """
 
@@ -47,7 +47,8 @@ def _pid_alive(header: dict[str, Any]) -> bool:
 def _finished_line(entry: dict[str, Any]) -> str:
     record = entry.get("record") or {}
     measurement = record.get("measurement")
-    peak = f"peak {format_size(measurement['peak'])}" if measurement else "peak -"
+    value = measurement["peak"] if measurement else entry.get("peak")  # a run's finish holds its peak
+    peak = f"peak {format_size(value)}" if value is not None else "peak -"
     line = f"  {entry.get('outcome', '?'):8} {entry.get('nodeid')}  {peak}  {entry.get('duration_s', 0):.2f} s"
     if entry.get("message") and entry.get("outcome") not in ("passed", "xpassed"):
         line += f"  {entry['message']}"
@@ -80,9 +81,10 @@ def last_reading_line(start: dict[str, Any], reading: dict[str, Any] | None) -> 
     if reading is None:
         return f"last reading {format_size(start['rss'])} when it started (process tree RSS)"
     growth = format_size(reading["rss"] - start["rss"], signed=True)
+    where = f" {reading['where']}" if reading.get("where") else ""  # where a run's script was
     return (
         f"last reading {format_size(reading['rss'])} ({growth} since the test started) "
-        f"at {reading['elapsed_s']:.1f} s into the test ({clock(reading['time'])}); "
+        f"at {reading['elapsed_s']:.1f} s into the test ({clock(reading['time'])}){where}; "
         f"peak {format_size(reading['peak'])} (process tree RSS, sampled every {SAMPLE_INTERVAL_S:g} s)"
     )
 
@@ -113,24 +115,32 @@ def session_died(header: dict[str, Any], session: list[dict[str, Any]]) -> bool:
 
 def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tuple[str, int]:
     """What ``tfmem last`` prints about the journal at ``path``, and its exit code:
-    0 the session finished, 1 it did not (killed, crashed, or still running), 2 no results."""
+    0 the session finished, 1 it did not (killed, crashed, or still running; for a run, also
+    its script killed), 2 no results."""
     try:
         header, session = read_last_session(path)
     except OSError as error:
         return f"tfmem: no results at {path}: {error.strerror or error}", EXIT_NO_RESULTS
     except NotAJournal as error:
         return f"tfmem: {error}", EXIT_NO_RESULTS
-    lines = [f"tfmem: results of the pytest session started {clock(header['started'])} (pid {header['pid']})"]
-    lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
+    run = header.get("kind") == "run"
+    what = f"tfmem {' '.join(header.get('args', []))}" if run else "the pytest session"
+    lines = [f"tfmem: results of {what} started {clock(header['started'])} (pid {header['pid']})"]
+    if not run:
+        lines.append(f"  rootdir {header.get('rootdir')}; arguments: {' '.join(header.get('args', [])) or '(none)'}")
     end = session_end(session)
+    killed = run and any(entry.get("outcome") == "killed" for entry in session)
     if end is not None:
-        lines.append(f"  the session finished at {clock(end['time'])}, exit status {end['exitstatus']}")
-        code = EXIT_FINISHED
+        lines.append(f"  {'it' if run else 'the session'} finished at {clock(end['time'])}, "
+                     f"exit status {end['exitstatus']}")
+        code = EXIT_DID_NOT_FINISH if killed else EXIT_FINISHED  # a run's script killed did not finish
     elif not session_died(header, session):
-        lines.append("  the session is still running")
+        lines.append(f"  {'it' if run else 'the session'} is still running")
         code = EXIT_DID_NOT_FINISH
     else:
-        lines.append("  the session did NOT finish: the pytest process is gone (killed, or crashed)")
+        process = "tfmem run" if run else "pytest"
+        lines.append(f"  {'it' if run else 'the session'} did NOT finish: the {process} process is gone "
+                     "(killed, or crashed)")
         code = EXIT_DID_NOT_FINISH
 
     unfinished = unfinished_tests(session)

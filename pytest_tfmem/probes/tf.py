@@ -35,6 +35,18 @@ def runtime_started() -> bool:
     return bool(getattr(_eager_context(), "_initialized", True))
 
 
+def runtime_started_elsewhere() -> bool:
+    """``runtime_started`` for a thread other than the one running TensorFlow: true once
+    ``import tensorflow`` has completed and the runtime has initialised its devices. It looks
+    at what is already imported and creates nothing (no eager context, no import), so the
+    code being watched can still configure its devices."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or getattr(getattr(tf, "__spec__", None), "_initializing", False) or not hasattr(tf, "config"):
+        return False
+    context = getattr(sys.modules.get("tensorflow.python.eager.context"), "_context", None)
+    return bool(context is not None and getattr(context, "_initialized", False))
+
+
 def start_runtime(tf: ModuleType) -> None:
     """Initialise TF's devices and run one tiny op, so the runtime's own start-up memory
     is not charged to whichever test happens to run its first op."""

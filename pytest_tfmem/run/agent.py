@@ -1,0 +1,196 @@
+"""The agent a Python script runs with under ``tfmem run``, started before the script's first line.
+
+    python .../pytest_tfmem/run/agent.py READINGS (SCRIPT | -m MODULE) [ARGS...]
+
+It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -m MODULE``)
+would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them (``runpy``). It is
+run by its path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest
+into the script's process (13 MiB and a tenth of a second here), and the script's figures
+would include them. Of pytest-tfmem it loads only ``probes/sampler.py`` and ``probes/tf.py``,
+which need nothing but the standard library, by their paths.
+
+The thread (``tfmem-run-agent``) wakes every ``INTERVAL_S`` and reads, changing nothing the
+script does: where the main thread is (its Python stack), this process's RSS, and, once the
+script has imported TensorFlow and TensorFlow has started its runtime, each device allocator's
+``current`` and ``peak`` (it never starts the runtime itself, so the script can still configure
+its devices). A reading that differs from the last one written (another place in the script's
+own code, RSS moved by 1 MiB or more, an allocator's level changed), or a second after the last
+one, is appended to READINGS as one line of JSON in one ``write``: a kill loses none of what was
+written. When the script ends (by ``SystemExit``, an exception, or falling off its end) a last
+line holds the process's high-water mark (``VmHWM``) and the allocators' peaks.
+Its cost: one thread, a reading of a few microseconds ten times a second, and a line a reading
+at most (about 200 bytes).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
+
+INTERVAL_S = 0.1
+HEARTBEAT_S = 1.0
+RSS_STEP = 2**20  # RSS moved by this much since the last line: a new line
+FRAMES = 8  # the script's own innermost frames kept per reading
+_PROBES = Path(__file__).resolve().parent.parent / "probes"
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _load_probe(name: str) -> ModuleType:
+    """``probes/NAME.py`` as a module of its own, without the ``pytest_tfmem`` package."""
+    spec = importlib.util.spec_from_file_location(f"_tfmem_agent_{name}", _PROBES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _library_prefixes() -> tuple[str, ...]:
+    """Where Python's own and installed modules live: frames there are not the script's."""
+    paths = sysconfig.get_paths()
+    found = {str(Path(paths[key]).resolve()) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    found.add(str(Path(__file__).resolve().parent.parent))  # pytest-tfmem itself
+    return tuple(sorted(found))
+
+
+def where(frame: FrameType | None, libraries: tuple[str, ...]) -> dict[str, Any]:
+    """The script's own innermost frames (``[function, file, line]``, innermost last) and, when
+    the innermost of them is in a library call, the function it called (``fit``)."""
+    frames: list[tuple[str, str, int, bool]] = []
+    while frame is not None:
+        code = frame.f_code
+        mine = not code.co_filename.startswith("<") and not os.path.abspath(code.co_filename).startswith(libraries)
+        frames.append((code.co_name, code.co_filename, frame.f_lineno, mine))
+        frame = frame.f_back
+    frames.reverse()  # outermost first
+    own = [index for index, (*_, mine) in enumerate(frames) if mine]
+    if not own:
+        return {"stack": [], "calling": frames[-1][0] if frames else None}
+    last = own[-1]
+    calling = frames[last + 1][0] if last + 1 < len(frames) else None
+    return {"stack": [[name, path, line] for name, path, line, mine in frames if mine][-FRAMES:], "calling": calling}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm", "rb") as statm:
+        return int(statm.read().split()[1]) * _PAGE_SIZE
+
+
+def _high_water_mark() -> int | None:
+    with open("/proc/self/status", "rb") as status:
+        for line in status:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+class Agent:
+    """Reads the script's process from a thread of its own and appends readings to a file."""
+
+    def __init__(self, readings: str) -> None:
+        self._descriptor = os.open(readings, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._libraries = _library_prefixes()
+        self._main = threading.main_thread().ident or 0
+        self._tf_probe = _load_probe("tf")
+        self._allocators: list[Any] | None = None
+        self._last: dict[str, Any] = {}
+        self._written_at = float("-inf")
+        self._lock = threading.Lock()
+        self._sampler = _load_probe("sampler").Sampler(self._read, INTERVAL_S, "tfmem-run-agent")
+
+    def start(self) -> Agent:
+        self._write({"event": "agent", "pid": os.getpid(), "interval_s": INTERVAL_S, "time": time.time()})
+        self._sampler.start()
+        atexit.register(self.finish)
+        return self
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
+
+    def _tf_levels(self) -> dict[str, list[int]]:
+        """``{device: [current, peak]}`` once TensorFlow's runtime has started, else ``{}``."""
+        if self._allocators is None:
+            tf = self._tf_probe.loaded_tensorflow()
+            if tf is None or not self._tf_probe.runtime_started_elsewhere():
+                return {}
+            self._allocators = self._tf_probe.allocator_sources(tf)
+        levels = {}
+        for allocator in self._allocators:
+            try:
+                levels[allocator.device] = [allocator.current(), allocator.peak()]
+            except Exception:  # TensorFlow shutting down
+                continue
+        return levels
+
+    def _read(self) -> bool:
+        try:
+            frame = sys._current_frames().get(self._main)  # noqa: SLF001 - the one way to see another thread's stack
+            reading = {"rss": _rss(), "tf": self._tf_levels(), **where(frame, self._libraries)}
+        except Exception:  # the interpreter is shutting down
+            return False
+        del frame
+        now = time.time()
+        with self._lock:
+            last = self._last
+            moved = abs(reading["rss"] - last.get("rss", 0)) >= RSS_STEP
+            changed = moved or reading["tf"] != last.get("tf") or reading["stack"] != last.get("stack")
+            if changed or time.monotonic() - self._written_at >= HEARTBEAT_S:
+                self._last = reading
+                self._written_at = time.monotonic()
+                self._write({"event": "reading", "time": now, **reading})
+        return True
+
+    def finish(self) -> None:
+        """The last line: the process's own high-water mark and the allocators' peaks."""
+        self._sampler.stop()
+        try:
+            tf = self._tf_levels()
+            mark = _high_water_mark()
+        except Exception:
+            tf, mark = {}, None
+        with self._lock:
+            self._write({"event": "exit", "time": time.time(), "high_water_mark": mark, "tf": tf})
+            os.close(self._descriptor)
+
+
+def _run(argv: list[str]) -> None:
+    """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``python`` would, as ``__main__``."""
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = os.path.abspath(argv[0])
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(script)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as error:  # print it as Python would, from the script's first frame
+        tb = error.__traceback__
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+            tb = tb.tb_next
+        traceback.print_exception(type(error), error, tb or error.__traceback__)
+        sys.exit(1)
+
+
+def main() -> None:
+    readings, *argv = sys.argv[1:]
+    Agent(readings).start()
+    _run(argv)
+
+
+if __name__ == "__main__":
+    main()

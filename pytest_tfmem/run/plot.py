@@ -1,0 +1,38 @@
+"""A PNG of one ``tfmem run``'s memory over time: the process tree's RSS (host) and each
+TensorFlow device allocator's memory in use, with the budget, the kill limit and a death marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_tfmem.run.summary import RunSummary
+
+MIB = 2**20
+
+
+def plot_run(run: RunSummary, path: str | Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 4.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    if run.timeline:
+        times, rss = zip(*run.timeline)
+        axes.plot(times, [value / MIB for value in rss], color="#1f77b4", label="host: process tree RSS")
+    for device in sorted({device for _, levels in run.tf_timeline for device in levels}):
+        points = [(t, levels[device]) for t, levels in run.tf_timeline if device in levels]
+        axes.step([t for t, _ in points], [value / MIB for _, value in points], where="post",
+                  label=f"TensorFlow {device} allocator in use")
+    for value, label, style in ((run.budget, "--budget", "--"), (run.kill_at, "--kill-at", ":")):
+        if value is not None:
+            axes.axhline(value / MIB, color="grey", ls=style, label=label)
+    axes.axhline(run.peak / MIB, color="black", lw=0.8, label="peak (high-water marks)")
+    if run.death is not None and run.timeline:
+        axes.plot([run.timeline[-1][0]], [run.death.last_rss / MIB], "x", color="#d62728", ms=12,
+                  label=f"killed ({run.death.signal})")
+    axes.set_xlabel("seconds since the start")
+    axes.set_ylabel("MiB")
+    axes.set_title(f"tfmem run {' '.join(run.command)}"[:100])
+    axes.legend(loc="upper left", fontsize=8)
+    figure.savefig(path, format="png")

@@ -1,0 +1,267 @@
+"""What ``tfmem run`` says at the end: the peaks, a death explained, advice; the same as JSON.
+
+Pure functions of what was seen: the watchdog's ``WatchResult`` (the outside view: the process
+tree's readings, each process's high-water mark, the exit status, the OOM-kill count) and the
+agent's readings (``AgentView``: where the script was, TensorFlow's allocators). No process is
+started or read here.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_tfmem.files import FileFormatError, VersionedJson
+from pytest_tfmem.probes.system import MemoryLimit
+from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample, killed_by_oom_killer
+from pytest_tfmem.units import format_size
+
+SCENARIOS = "docs/scenarios.md"
+# Advice is given only where the figures say it clearly.
+DOMINANT_SHARE = 0.6  # a share of the peak this large dominates it
+ADVICE_MINIMUM = 256 * 2**20  # a share smaller than this is not worth advice
+TRAINING_CALLS = {"fit", "train_on_batch", "train_step", "fit_generator"}
+
+
+class RunReportError(FileFormatError):
+    what = "run report"
+
+
+RUN_REPORT = VersionedJson("pytest-tfmem-run", 1, "write one with tfmem run --report=PATH", RunReportError)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the script's main thread was: its own innermost frames, and the library call they made."""
+
+    stack: tuple[tuple[str, str, int], ...]  # (function, file, line), innermost last
+    calling: str | None  # the library function the innermost own frame was in, e.g. ``fit``
+    time: float  # when the agent saw it (time.time())
+
+    def __str__(self) -> str:
+        if not self.stack:
+            return f"in {self.calling}" if self.calling else "before the script's first line"
+        function, path, line = self.stack[-1]
+        text = f"in {function} ({Path(path).name}:{line})"
+        return f"{text}, calling {self.calling}" if self.calling else text
+
+    @classmethod
+    def from_reading(cls, reading: dict[str, Any]) -> Place:
+        """The place in one of the agent's ``reading`` lines."""
+        stack = tuple((str(function), str(path), int(line)) for function, path, line in reading.get("stack", []))
+        return cls(stack, reading.get("calling"), float(reading["time"]))
+
+    @property
+    def training(self) -> bool:
+        return self.calling in TRAINING_CALLS or any(function in TRAINING_CALLS for function, _, _ in self.stack)
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """What the agent in the script's process saw (nothing for a ``-- COMMAND``)."""
+
+    pid: int | None = None
+    readings: tuple[dict[str, Any], ...] = ()
+    high_water_mark: int | None = None  # the script's own, read as it exited (exact); None if killed
+    exited: bool = False  # its last line was written (the interpreter ran its exit handlers)
+
+    @classmethod
+    def read(cls, path: Path) -> AgentView:
+        """The agent's lines; a line cut short by a kill is skipped."""
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            return cls()
+        pid, readings, mark, exited = None, [], None, False
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("event") == "agent":
+                pid = entry.get("pid")
+            elif entry.get("event") == "reading":
+                readings.append(entry)
+            elif entry.get("event") == "exit":
+                mark, exited = entry.get("high_water_mark"), True
+                readings.append({**entry, "event": "reading", "stack": [], "calling": None, "final": True})
+        return cls(pid, tuple(readings), mark, exited)
+
+    def last_place(self) -> Place | None:
+        """Where the main thread was at the agent's last reading before the end."""
+        seen = [reading for reading in self.readings if not reading.get("final")]
+        return Place.from_reading(seen[-1]) if seen else None
+
+    def place_at(self, moment: float) -> Place | None:
+        """Where the main thread was at the agent's last reading at or before ``moment`` (time.time())."""
+        seen = [reading for reading in self.readings if not reading.get("final") and reading["time"] <= moment]
+        return Place.from_reading(seen[-1]) if seen else self.last_place()
+
+    def tf_peaks(self) -> dict[str, int]:
+        """Each TensorFlow device allocator's peak over the run (bytes in use), as last read."""
+        peaks: dict[str, int] = {}
+        for reading in self.readings:
+            for device, (_, peak) in reading.get("tf", {}).items():
+                peaks[device] = max(peaks.get(device, 0), int(peak))
+        return peaks
+
+    def place_at_tf_peak(self) -> Place | None:
+        """Where the script was when an allocator's peak last rose."""
+        best, place = 0, None
+        for reading in self.readings:
+            total = sum(int(peak) for _, peak in reading.get("tf", {}).values())
+            if total > best and not reading.get("final"):
+                best, place = total, Place.from_reading(reading)
+        return place
+
+    def tf_timeline(self, start: float) -> list[tuple[float, dict[str, int]]]:
+        """``(seconds since start, {device: bytes in use})`` at each reading."""
+        return [(reading["time"] - start, {d: int(c) for d, (c, _) in reading["tf"].items()})
+                for reading in self.readings if reading.get("tf")]
+
+
+@dataclass(frozen=True)
+class Death:
+    """How the script's process died: the signal, who sent it, the memory then, where it was."""
+
+    pid: int
+    signal: str  # "SIGKILL"
+    sender: str  # "oom killer", "kill_at", "tfmem run (passed on)", "someone else"
+    cause: str  # one phrase: "killed by the OOM killer"
+    last_rss: int  # the process tree's RSS at the last reading
+    limit: int
+    limit_source: str
+    place: Place | None
+
+    def headline(self) -> str:
+        where = f" {self.place}" if self.place is not None else ""
+        return f"{self.cause} at {format_size(self.last_rss)}{where}, limit {format_size(self.limit)}"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The figures of one ``tfmem run``, what was said about them, and the exit code."""
+
+    command: tuple[str, ...]
+    kind: str  # "script", "module", "command"
+    returncode: int  # the child's (negative: the signal that ended it)
+    exit_code: int  # what ``tfmem run`` exits with
+    duration_s: float
+    peak: int  # the sum of each process's own high-water mark
+    high_water_marks: dict[int, int]  # pid -> that process's peak (the kernel's VmHWM)
+    script_pid: int
+    sampled_peak: int  # the process tree's RSS, sampled
+    interval_s: float
+    tf_peaks: dict[str, int]  # device -> allocator peak
+    host_share: int | None  # the script's peak outside TensorFlow's CPU allocator
+    gpu_peaks: dict[str, int]
+    budget: int | None
+    kill_at: int | None
+    gpu_budget: int | None
+    verdicts: tuple[str, ...]  # a budget passed, in words
+    death: Death | None
+    place_at_peak: Place | None
+    advice: tuple[str, ...]
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    tf_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The few lines printed at the end."""
+        others = {pid: mark for pid, mark in self.high_water_marks.items() if pid != self.script_pid}
+        own = self.high_water_marks.get(self.script_pid, 0)
+        ended = (
+            f"exit code {self.returncode}" if self.returncode >= 0
+            else f"killed by {signal.Signals(-self.returncode).name}, exit code {self.exit_code}"
+        )
+        lines = [f"tfmem run: {' '.join(self.command)}: {ended} after {self.duration_s:.1f} s"]
+        where = f", reached {self.place_at_peak}" if self.place_at_peak is not None else ""
+        split = f": main process {format_size(own)}"
+        if others:
+            split += f" + {len(others)} other process(es) {format_size(sum(others.values()))}"
+        every = f"{self.interval_s * 1000:.0f} ms"
+        lines.append(f"  peak {format_size(self.peak)} (the kernel's high-water marks{split}){where}")
+        lines.append(f"  process tree RSS sampled every {every}: peak {format_size(self.sampled_peak)}, "
+                     f"last {format_size(self.timeline[-1][1] if self.timeline else 0)}")
+        if self.tf_peaks:
+            devices = ", ".join(f"{device} {format_size(peak)}" for device, peak in sorted(self.tf_peaks.items()))
+            host = f"; host share (NumPy, Python, libraries) {format_size(self.host_share)}" if self.host_share else ""
+            lines.append(f"  TensorFlow allocator peaks: {devices}{host}")
+        if self.gpu_peaks:
+            lines.append("  GPU (NVML, sampled): " + ", ".join(
+                f"{device} {format_size(peak)}" for device, peak in sorted(self.gpu_peaks.items())))
+        if self.death is not None:
+            lines.append(f"  {self.death.headline()}")
+            lines.append(f"  (process {self.death.pid}, {self.death.signal}, sent by {self.death.sender}; "
+                         f"limit from {self.death.limit_source})")
+        lines += [f"  {verdict}" for verdict in self.verdicts]
+        lines += [f"  advice: {advice}" for advice in self.advice]
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["high_water_marks"] = {str(pid): mark for pid, mark in self.high_water_marks.items()}
+        data["timeline"] = [[round(t, 3), rss] for t, rss in downsample(self.timeline, 500)]
+        data["tf_timeline"] = [[round(t, 3), levels] for t, levels in self.tf_timeline[-2000:]]
+        return data
+
+
+def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | None, limit: MemoryLimit,
+                  agent: AgentView) -> Death | None:
+    """Why the script's process died by a signal, or ``None`` if it exited."""
+    sig = result.signal
+    if sig is None:
+        return None
+    if result.killed_at_limit and result.kill_at is not None:
+        sender, cause = "tfmem run's watchdog (--kill-at)", "killed at --kill-at"
+        limit = MemoryLimit(result.kill_at, "--kill-at")
+    elif killed_by_oom_killer(sig, result.oom_kills):
+        sender = "the kernel's OOM killer"
+        cause = f"killed by the OOM killer ({result.oom_scope}'s oom_kill count rose by {result.oom_kills})"
+    elif passed_on == sig:
+        sender, cause = "tfmem run, which passed on the signal it received", f"stopped by {sig.name} from outside"
+    else:
+        sender = "someone else"
+        cause = describe_signal(sig, result.oom_kills, result.oom_scope).replace(" (not sent by pytest-tfmem)", "")
+    place = agent.last_place()
+    return Death(pid, sig.name, sender, cause, result.last_rss, limit.bytes, limit.source, place)
+
+
+def advise(peak: int, host_share: int | None, tf_peaks: dict[str, int], at_tf_peak: Place | None) -> list[str]:
+    """Advice where the figures are clear: the host share (NumPy data) or TF's allocator in ``fit``
+    holds most of the peak; nothing otherwise."""
+    advice = []
+    tf_total = sum(tf_peaks.values())
+    dominant = max(DOMINANT_SHARE * peak, ADVICE_MINIMUM)
+    if host_share is not None and host_share >= dominant and host_share > 2 * tf_total:
+        advice.append(
+            f"most of the peak ({format_size(host_share)}) is outside TensorFlow's allocator: data held in NumPy "
+            f"arrays or Python objects; stream it in batches with tf.data instead of loading it whole "
+            f"(see {SCENARIOS}, \"Large dataset\")"
+        )
+    if tf_total >= dominant and at_tf_peak is not None and at_tf_peak.training:
+        advice.append(
+            f"TensorFlow's allocator holds most of the peak ({format_size(tf_total)}) during fit: a smaller batch "
+            f"size lowers it; pytest_tfmem.find_max_batch_size finds the largest that fits a budget "
+            f"(see {SCENARIOS}, \"Big batch\")"
+        )
+    return advice
+
+
+def budget_verdicts(peak: int, budget: int | None, gpu_peaks: dict[str, int], gpu_budget: int | None) -> list[str]:
+    verdicts = []
+    if budget is not None and peak > budget:
+        verdicts.append(f"over budget: peak {format_size(peak)} > --budget={format_size(budget)}")
+    for device, gpu_peak in sorted(gpu_peaks.items()):
+        if gpu_budget is not None and gpu_peak > gpu_budget:
+            verdicts.append(
+                f"over GPU budget on {device}: {format_size(gpu_peak)} > --gpu-budget={format_size(gpu_budget)}"
+            )
+    return verdicts
+
+
+def shell_exit_code(returncode: int) -> int:
+    """The shell's exit code for a process that exited with ``returncode`` (128 + N for signal N)."""
+    return 128 - returncode if returncode < 0 else returncode
