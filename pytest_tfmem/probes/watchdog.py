@@ -138,6 +138,8 @@ class ProcessTreeRss:
         if time.monotonic() - self._refreshed >= self.refresh_s:
             self.refresh()
         rss = self._root.memory_info().rss
+        if rss == 0:  # a zombie: the process has ended, its memory is gone
+            raise psutil.ZombieProcess(self.pid)
         for process in self.descendants:
             if process.pid in TEMPLATE_PIDS:
                 continue

@@ -273,7 +273,9 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
     exit_code = summary.shell_exit_code(result.returncode)
     if exit_code == 0 and verdicts:
         exit_code = EXIT_OVER_BUDGET
-    advice = summary.advise(peak, host_share, tf_peaks, agent.place_at_tf_peak()) if target.kind != "command" else []
+    before_tf = agent.rss_when_tf_started()
+    host_data = None if host_share is None or before_tf is None else max(0, host_share - before_tf)
+    advice = summary.advise(peak, host_data, tf_peaks, agent.place_at_tf_peak())
     return summary.RunSummary(
         command=target.label, kind=target.kind, returncode=result.returncode, exit_code=exit_code,
         duration_s=result.elapsed_s, peak=peak, high_water_marks=marks, script_pid=pid,

@@ -117,6 +117,15 @@ class AgentView:
                 best, place = total, Place.from_reading(reading)
         return place
 
+    def rss_when_tf_started(self) -> int | None:
+        """The script's RSS outside TensorFlow's CPU allocator when the agent first saw TF's
+        runtime started: what the imports and anything before them took."""
+        for reading in self.readings:
+            if reading.get("tf"):
+                in_use = sum(int(c) for device, (c, _) in reading["tf"].items() if device.startswith("CPU"))
+                return int(reading["rss"]) - in_use
+        return None
+
     def tf_timeline(self, start: float) -> list[tuple[float, dict[str, int]]]:
         """``(seconds since start, {device: bytes in use})`` at each reading."""
         return [(reading["time"] - start, {d: int(c) for d, (c, _) in reading["tf"].items()})
@@ -229,16 +238,21 @@ def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | Non
     return Death(pid, sig.name, sender, cause, result.last_rss, limit.bytes, limit.source, place)
 
 
-def advise(peak: int, host_share: int | None, tf_peaks: dict[str, int], at_tf_peak: Place | None) -> list[str]:
-    """Advice where the figures are clear: the host share (NumPy data) or TF's allocator in ``fit``
-    holds most of the peak; nothing otherwise."""
+def advise(peak: int, host_data: int | None, tf_peaks: dict[str, int], at_tf_peak: Place | None) -> list[str]:
+    """Advice where the figures are clear, for a script that uses TensorFlow; nothing otherwise.
+
+    ``host_data``: the host share beyond what the script held when TensorFlow's runtime started
+    (its imports, TensorFlow's ~600 MiB included, are not data). When that dominates the peak and
+    is more than twice TensorFlow's allocator peaks: stream the data. When TensorFlow's
+    allocators dominate and their peak was reached in ``fit``: the batch size.
+    """
     advice = []
     tf_total = sum(tf_peaks.values())
     dominant = max(DOMINANT_SHARE * peak, ADVICE_MINIMUM)
-    if host_share is not None and host_share >= dominant and host_share > 2 * tf_total:
+    if tf_peaks and host_data is not None and host_data >= max(0.4 * peak, ADVICE_MINIMUM) and host_data > 2 * tf_total:
         advice.append(
-            f"most of the peak ({format_size(host_share)}) is outside TensorFlow's allocator: data held in NumPy "
-            f"arrays or Python objects; stream it in batches with tf.data instead of loading it whole "
+            f"{format_size(host_data)} of the peak is data outside TensorFlow's allocator (NumPy arrays, Python "
+            f"objects) taken after TensorFlow started; stream it in batches with tf.data instead of loading it whole "
             f"(see {SCENARIOS}, \"Large dataset\")"
         )
     if tf_total >= dominant and at_tf_peak is not None and at_tf_peak.training:

@@ -1,0 +1,323 @@
+"""``tfmem run`` on real scripts: exit codes and signals passed through, each process's high-water
+mark, the agent's view (where the script was, TensorFlow's allocators), deaths explained (a real
+OOM kill in a memory cgroup, ``--kill-at``, a signal from outside), budgets, the report, the plot,
+the journal ``tfmem last`` reads, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cgroup_helpers import memory_cgroup, oom_kills
+
+from pytest_tfmem.cli.main import main
+from pytest_tfmem.run.summary import Place, advise
+
+MiB = 2**20
+ROOT = Path(__file__).resolve().parent.parent
+
+GROW = """
+import sys
+import time
+import numpy as np
+
+def load_shards(count):
+    shards = []
+    for _ in range(count):
+        shards.append(np.ones(10 * 2**20, dtype=np.uint8))  # 10 MiB, touched
+        time.sleep(0.01)
+    return shards
+
+shards = load_shards(int(sys.argv[1]))
+print(f"loaded {len(shards)} shards", flush=True)
+sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+"""
+
+FORKS = """
+import os
+import time
+import numpy as np
+
+pid = os.fork()
+if pid == 0:  # the worker: 200 MiB of its own, for a second
+    block = np.ones(200 * 2**20, dtype=np.uint8)
+    time.sleep(1)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+WAITS = """
+import signal
+import sys
+import time
+
+def interrupted(number, frame):
+    print(f"the script got {signal.Signals(number).name}", flush=True)
+    sys.exit(5)
+
+signal.signal(signal.SIGINT, interrupted)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+KERAS = """
+import numpy as np
+import tensorflow as tf
+import keras
+
+tf.constant(1.0)  # TensorFlow's runtime starts here
+data = np.ones((900, 2**20 // 4), dtype=np.float32)  # 900 MiB of data held in NumPy
+model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(256), keras.layers.Dense(1)])
+model.compile("adam", "mse")
+model.fit(data[:512, :1024], data[:512, :1], epochs=1, batch_size=256, verbose=0)  # 1 MiB batches
+print("trained", flush=True)
+"""
+
+
+def tfmem_run(folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+              prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "1", **(env or {})}
+    command = [*prefix, sys.executable, "-m", "pytest_tfmem.cli.main", "run", *args]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, env=environment, timeout=timeout)
+
+
+def line_number(source: str, text: str) -> int:
+    return next(number for number, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+def test_a_script_exits_3_with_its_peak_report_plot_and_journal(tmp_path: Path):
+    (tmp_path / "grow.py").write_text(GROW)
+    done = tfmem_run(tmp_path, "--report", "run.json", "--plot", "run.png", "grow.py", "20", "3")
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "loaded 20 shards\n"  # the script's own output, untouched
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["format"] == "pytest-tfmem-run" and report["version"] == 1
+    assert report["command"] == ["grow.py", "20", "3"] and report["kind"] == "script"
+    assert report["returncode"] == report["exit_code"] == 3 and report["death"] is None
+    marks = report["high_water_marks"]
+    assert list(marks) == [str(report["script_pid"])]  # one process: its own peak is the tree's
+    assert report["peak"] == marks[str(report["script_pid"])]
+    assert 200 * MiB <= report["peak"] <= 200 * MiB + 80 * MiB  # 200 MiB of shards + the interpreter and NumPy
+    assert report["sampled_peak"] <= report["peak"]
+    assert report["place_at_peak"]["stack"][-1][0] == "load_shards"
+    assert report["tf_peaks"] == {} and report["host_share"] is None and report["advice"] == []
+    assert report["timeline"] and report["timeline"][-1][0] <= report["duration_s"] + 0.1
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = done.stderr.splitlines()
+    assert summary[0].startswith("tfmem run: grow.py 20 3: exit code 3 after ")
+    assert summary[1].startswith(f"  peak {report['peak'] / MiB:.1f} MiB (the kernel's high-water marks: main process")
+    assert f"reached in load_shards (grow.py:{line_number(GROW, 'np.ones')})" in summary[1] or "load_shards" in summary[1]
+    last = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "last"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert last.returncode == 0, last.stdout
+    assert "results of tfmem run grow.py 20 3 started" in last.stdout
+    assert "failed   grow.py 20 3  peak " in last.stdout
+
+
+def test_kill_at_stops_the_script_where_it_was_and_tfmem_last_tells_it(tmp_path: Path):
+    (tmp_path / "grow.py").write_text(GROW)
+    done = tfmem_run(tmp_path, "--kill-at", "150MiB", "grow.py", "100")
+    assert done.returncode == 137, done.stderr  # the shell's code for SIGKILL
+    assert "loaded" not in done.stdout
+    where = f"in load_shards (grow.py:{line_number(GROW, 'np.ones')})"
+    killed = [line for line in done.stderr.splitlines() if line.startswith("  killed at --kill-at at ")]
+    assert len(killed) == 1 and killed[0].endswith(", limit 150.0 MiB"), done.stderr
+    assert where in killed[0] or "in load_shards (grow.py:" in killed[0]
+    assert "SIGKILL, sent by tfmem run's watchdog (--kill-at)" in done.stderr
+    last = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "last"], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert last.returncode == 1  # the script did not finish
+    assert "killed   grow.py 100  peak " in last.stdout and "killed at --kill-at at " in last.stdout
+    assert "in load_shards (grow.py:" in last.stdout and "exit status 137" in last.stdout
+
+
+def test_a_real_oom_kill_in_a_memory_cgroup_is_named_with_the_limit(tmp_path: Path):
+    (tmp_path / "grow.py").write_text(GROW)
+    limit = 400 * MiB
+    with memory_cgroup(limit) as cgroup:
+        swap = cgroup / "memory.memsw.limit_in_bytes"
+        if swap.exists():  # no swap either: the OOM killer acts
+            swap.write_text(str(limit))
+        enter = ("sh", "-c", f'echo $$ > {cgroup / "cgroup.procs"} && exec "$@"', "sh")
+        done = tfmem_run(tmp_path, "--report", "run.json", "grow.py", "200", prefix=enter)
+        assert oom_kills(cgroup) == 1
+    assert done.returncode == 137, done.stderr
+    death = json.loads((tmp_path / "run.json").read_text())["death"]
+    assert death["signal"] == "SIGKILL" and death["sender"] == "the kernel's OOM killer"
+    assert death["limit"] == limit and "memory.limit_in_bytes" in death["limit_source"]
+    assert death["place"]["stack"][-1][0] == "load_shards"
+    assert 250 * MiB < death["last_rss"] <= limit
+    assert "  killed by the OOM killer (this cgroup's oom_kill count rose by 1) at " in done.stderr
+    assert "in load_shards (grow.py:" in done.stderr and ", limit 400.0 MiB" in done.stderr
+
+
+def test_a_forked_worker_counts_in_the_tree(tmp_path: Path):
+    (tmp_path / "forks.py").write_text(FORKS)
+    done = tfmem_run(tmp_path, "--report", "run.json", "forks.py")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    marks = {int(pid): mark for pid, mark in report["high_water_marks"].items()}
+    worker = [mark for pid, mark in marks.items() if pid != report["script_pid"]]
+    assert len(worker) == 1 and worker[0] >= 200 * MiB  # the worker's own high-water mark
+    assert report["peak"] == sum(marks.values()) >= 200 * MiB + marks[report["script_pid"]]
+    assert "+ 1 other process(es) " in done.stderr
+
+
+def test_a_command_that_is_not_python_gets_the_outside_view(tmp_path: Path):
+    hog = 'x=$(head -c 60000000 /dev/zero | tr "\\0" a); echo "${#x} bytes held"; exit 4'
+    done = tfmem_run(tmp_path, "--report", "run.json", "--", "sh", "-c", hog)
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == "60000000 bytes held\n"
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["kind"] == "command" and report["command"][0] == "sh"
+    assert report["high_water_marks"][str(report["script_pid"])] >= 60_000_000  # the shell's own string
+    assert report["place_at_peak"] is None and report["tf_peaks"] == {}
+
+
+def test_a_module_runs_as_python_m_would(tmp_path: Path):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "__init__.py").write_text("")
+    (tmp_path / "jobs" / "nightly.py").write_text("import sys\nprint(__name__, sys.argv[1:])\nsys.exit(7)\n")
+    done = tfmem_run(tmp_path, "-m", "jobs.nightly", "--epochs", "3")
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "__main__ ['--epochs', '3']\n"
+    assert done.stderr.startswith("tfmem run: -m jobs.nightly --epochs 3: exit code 7 after ")
+
+
+def test_ctrl_c_reaches_the_script_and_sigterm_is_passed_on(tmp_path: Path):
+    (tmp_path / "waits.py").write_text(WAITS)
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "pytest_tfmem.cli.main", "run", "waits.py"]
+    for sent, code, said in ((signal.SIGINT, 5, "the script got SIGINT"), (signal.SIGTERM, 128 + 15, None)):
+        process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=environment, start_new_session=True)
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        if sent == signal.SIGINT:
+            os.killpg(process.pid, signal.SIGINT)  # what the terminal does on Ctrl-C: the whole foreground group
+        else:
+            os.kill(process.pid, signal.SIGTERM)  # to tfmem run alone, as a supervisor would
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == code, err
+        if said:
+            assert out == f"{said}\n"
+        else:
+            assert "stopped by SIGTERM from outside" in err and "sent by tfmem run, which passed on" in err
+
+
+def test_budget_passed_exits_1_with_a_verdict(tmp_path: Path):
+    (tmp_path / "grow.py").write_text(GROW)
+    done = tfmem_run(tmp_path, "--budget", "100MB", "grow.py", "15")
+    assert done.returncode == 1, done.stderr
+    assert "  over budget: peak " in done.stderr and " > --budget=95.4 MiB" in done.stderr
+
+
+FILE_NVML = """
+import json
+import os
+from fake_nvml import FakeGpu, FakeNvml
+
+class FileNvml(FakeNvml):
+    '''The fake driver's per-process memory is what the script wrote to held.json ({pid: bytes}).'''
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        try:
+            with open(os.path.join(os.environ["FAKE_GPU_DIR"], "held.json")) as held:
+                handle.processes = {int(pid): amount for pid, amount in json.load(held).items()}
+        except (OSError, ValueError):
+            pass
+        return super().nvmlDeviceGetComputeRunningProcesses(handle)
+
+_fake = FileNvml([FakeGpu("Fake H100", 80 * 2**30)])
+
+def __getattr__(name):
+    return getattr(_fake, name)
+"""
+
+HOLDS_GPU = """
+import json, os, time
+with open("held.json", "w") as held:
+    json.dump({os.getpid(): 3 * 2**30}, held)
+time.sleep(0.5)
+"""
+
+
+def test_gpu_budget_on_what_nvml_sees_of_the_script(tmp_path: Path):
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "fake_nvml.py").write_text((Path(__file__).parent / "fake_nvml.py").read_text())
+    (fakes / "pynvml.py").write_text(FILE_NVML)
+    (tmp_path / "holds.py").write_text(HOLDS_GPU)
+    env = {"PYTHONPATH": os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_GPU_DIR": str(tmp_path)}
+    done = tfmem_run(tmp_path, "--gpu-budget", "2GiB", "--report", "run.json", "holds.py", env=env)
+    assert done.returncode == 1, done.stderr
+    assert "  GPU (NVML, sampled): nvml:0 3.0 GiB" in done.stderr
+    assert "  over GPU budget on nvml:0: 3.0 GiB > --gpu-budget=2.0 GiB" in done.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["gpu_peaks"] == {"nvml:0": 3 * 2**30}
+
+
+def test_a_keras_script_shows_tensorflow_allocator_peaks_and_the_host_share(tmp_path: Path):
+    (tmp_path / "train.py").write_text(KERAS)
+    done = tfmem_run(tmp_path, "--report", "run.json", "train.py", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "trained\n"
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert set(report["tf_peaks"]) == {"CPU:0"} and 0 < report["tf_peaks"]["CPU:0"] < 100 * MiB  # a tiny fit
+    assert report["host_share"] >= 900 * MiB  # the NumPy data, outside TensorFlow's allocator
+    assert report["peak"] >= report["host_share"] + report["tf_peaks"]["CPU:0"]
+    assert "  TensorFlow allocator peaks: CPU:0 " in done.stderr
+    assert len(report["advice"]) == 1 and "stream it in batches with tf.data" in report["advice"][0]
+    assert "docs/scenarios.md" in report["advice"][0]
+
+
+def test_advice_on_the_batch_size_only_when_tensorflow_dominates_in_fit():
+    in_fit = Place((("main", "train.py", 30),), "fit", 0.0)
+    loading = Place((("load", "train.py", 10),), "array", 0.0)
+    GiB = 2**30
+    assert "find_max_batch_size" in advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, in_fit)[0]
+    assert advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, loading) == []  # not reached in fit
+    assert advise(3 * GiB, 0, {"GPU:0": GiB}, in_fit) == []  # TensorFlow does not dominate
+    assert advise(3 * GiB, 2 * GiB, {}, None) == []  # no TensorFlow: no tf.data advice
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["missing.py"], "tfmem: error: no such script: 'missing.py'"),
+        (["-m", "no_such_module_here"], "tfmem: error: no module named 'no_such_module_here'"),
+        (["--", "no-such-program-here"], "tfmem: error: no such command: 'no-such-program-here'"),
+        (["--budget", "lots", "grow.py"], "argument --budget: invalid --budget size 'lots': expected a non-negative"),
+        (["--frobnicate", "grow.py"], "tfmem: error: unrecognized arguments: --frobnicate"),
+        ([], "tfmem: error: nothing to run: give script.py, -m module or -- COMMAND"),
+    ],
+)
+def test_bad_input_is_a_usage_error_naming_it(args: list[str], said: str, tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grow.py").write_text(GROW)
+    try:
+        code = main(["run", *args])
+    except SystemExit as exit:  # argparse's own usage errors
+        code = exit.code
+    assert code == 2
+    assert said in capsys.readouterr().err
+
+
+def test_help_says_which_form_is_which(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "usage: tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]" in text
+    assert "tfmem run [OPTIONS] -- COMMAND [ARGS]   any program" in text
+
+
+def test_the_agent_loads_no_pytest_into_the_script(tmp_path: Path):
+    (tmp_path / "modules.py").write_text(
+        "import sys\nprint(sorted(name for name in sys.modules if name.split('.')[0] in ('pytest', '_pytest', 'pytest_tfmem')))\n"
+    )
+    done = tfmem_run(tmp_path, "modules.py")
+    assert done.returncode == 0 and done.stdout == "[]\n", done.stderr
