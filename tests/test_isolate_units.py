@@ -11,13 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ProcessTreeRss, downsample
 from pytest_tfmem.journal.reader import (
     EXIT_DID_NOT_FINISH,
     EXIT_NO_RESULTS,
     describe_last,
 )
 from pytest_tfmem.probes import system
+from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ProcessTreeRss, downsample
 
 
 def _cgroup_v2(root: Path, path: str, files: dict[str, str]) -> Path:

@@ -125,14 +125,14 @@ def test_kill_at_stops_the_script_where_it_was_and_tfmem_last_tells_it(tmp_path:
     assert done.returncode == 137, done.stderr  # the shell's code for SIGKILL
     assert "loaded" not in done.stdout
     where = f"in load_shards (grow.py:{line_number(GROW, 'np.ones')})"
-    killed = [line for line in done.stderr.splitlines() if line.startswith("  killed at --kill-at at ")]
+    killed = [line for line in done.stderr.splitlines() if line.startswith("  killed by --kill-at at ")]
     assert len(killed) == 1 and killed[0].endswith(", limit 150.0 MiB"), done.stderr
     assert where in killed[0] or "in load_shards (grow.py:" in killed[0]
     assert "SIGKILL, sent by tfmem run's watchdog (--kill-at)" in done.stderr
     last = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "last"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert last.returncode == 1  # the script did not finish
-    assert "killed   grow.py 100  peak " in last.stdout and "killed at --kill-at at " in last.stdout
+    assert "killed   grow.py 100  peak " in last.stdout and "killed by --kill-at at " in last.stdout
     assert "in load_shards (grow.py:" in last.stdout and "exit status 137" in last.stdout
 
 

@@ -36,6 +36,7 @@ SIGNAL_CAUSES = {
     signal.SIGABRT: "abort: a native library (or an assertion) called abort()",
     signal.SIGBUS: "bus error: invalid memory access in native code",
     signal.SIGTERM: "terminated from outside",
+    signal.SIGINT: "interrupted (Ctrl-C, or SIGINT from outside)",
 }
 
 

@@ -33,7 +33,6 @@ import sys
 import sysconfig
 import threading
 import time
-import traceback
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
@@ -42,6 +41,9 @@ INTERVAL_S = 0.1
 HEARTBEAT_S = 1.0
 RSS_STEP = 2**20  # RSS moved by this much since the last line: a new line
 FRAMES = 8  # the script's own innermost frames kept per reading
+# Names of decorators' wrappers, passed over when naming the library function the script called.
+WRAPPERS = {"error_handler", "wrapper", "wrapped", "inner", "decorated", "_wrapper", "__call__", "_call"}
+WRAPPED_DEPTH = 4
 _PROBES = Path(__file__).resolve().parent.parent / "probes"
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -66,7 +68,8 @@ def _library_prefixes() -> tuple[str, ...]:
 
 def where(frame: FrameType | None, libraries: tuple[str, ...]) -> dict[str, Any]:
     """The script's own innermost frames (``[function, file, line]``, innermost last) and, when
-    the innermost of them is in a library call, the function it called (``fit``)."""
+    the innermost of them is in a library call, the function it called (``fit``; decorators'
+    wrappers such as Keras's ``error_handler`` passed over)."""
     frames: list[tuple[str, str, int, bool]] = []
     while frame is not None:
         code = frame.f_code
@@ -76,9 +79,10 @@ def where(frame: FrameType | None, libraries: tuple[str, ...]) -> dict[str, Any]
     frames.reverse()  # outermost first
     own = [index for index, (*_, mine) in enumerate(frames) if mine]
     if not own:
-        return {"stack": [], "calling": frames[-1][0] if frames else None}
+        return {"stack": [], "calling": None}
     last = own[-1]
-    calling = frames[last + 1][0] if last + 1 < len(frames) else None
+    called = [name for name, *_ in frames[last + 1 : last + 1 + WRAPPED_DEPTH]]
+    calling = next((name for name in called if name not in WRAPPERS), called[0] if called else None)
     return {"stack": [[name, path, line] for name, path, line, mine in frames if mine][-FRAMES:], "calling": calling}
 
 
@@ -166,6 +170,7 @@ class Agent:
 
 def _run(argv: list[str]) -> None:
     """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``python`` would, as ``__main__``."""
+    sys.excepthook = _from_the_scripts_first_frame(sys.excepthook)
     if argv[0] == "-m":
         sys.argv = argv[1:]
         sys.path[0] = os.getcwd()
@@ -174,16 +179,22 @@ def _run(argv: list[str]) -> None:
     script = os.path.abspath(argv[0])
     sys.argv = argv
     sys.path[0] = os.path.dirname(script)
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException as error:  # print it as Python would, from the script's first frame
-        tb = error.__traceback__
-        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+    runpy.run_path(script, run_name="__main__")
+
+
+def _from_the_scripts_first_frame(hook: Any) -> Any:
+    """An ``excepthook`` printing a traceback as ``python SCRIPT`` would: without the agent's
+    and ``runpy``'s frames above the script's first one."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+
+    def print_from_the_script(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        while tb is not None and tb.tb_next is not None and (
+            tb.tb_frame.f_code.co_filename in ours or os.path.abspath(tb.tb_frame.f_code.co_filename) in ours
+        ):
             tb = tb.tb_next
-        traceback.print_exception(type(error), error, tb or error.__traceback__)
-        sys.exit(1)
+        hook(kind, error.with_traceback(tb), tb)  # Python prints the exception's own traceback
+
+    return print_from_the_script
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from pytest_tfmem.run.summary import RunSummary
 
 MIB = 2**20
+_TF_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 
 
 def plot_run(run: RunSummary, path: str | Path) -> None:
@@ -20,9 +21,10 @@ def plot_run(run: RunSummary, path: str | Path) -> None:
     if run.timeline:
         times, rss = zip(*run.timeline)
         axes.plot(times, [value / MIB for value in rss], color="#1f77b4", label="host: process tree RSS")
-    for device in sorted({device for _, levels in run.tf_timeline for device in levels}):
+    devices = sorted({device for _, levels in run.tf_timeline for device in levels})
+    for device, colour in zip(devices, _TF_COLOURS * len(devices)):
         points = [(t, levels[device]) for t, levels in run.tf_timeline if device in levels]
-        axes.step([t for t, _ in points], [value / MIB for _, value in points], where="post",
+        axes.step([t for t, _ in points], [value / MIB for _, value in points], where="post", color=colour,
                   label=f"TensorFlow {device} allocator in use")
     for value, label, style in ((run.budget, "--budget", "--"), (run.kill_at, "--kill-at", ":")):
         if value is not None:

@@ -98,7 +98,7 @@ class AgentView:
     def place_at(self, moment: float) -> Place | None:
         """Where the main thread was at the agent's last reading at or before ``moment`` (time.time())."""
         seen = [reading for reading in self.readings if not reading.get("final") and reading["time"] <= moment]
-        return Place.from_reading(seen[-1]) if seen else self.last_place()
+        return Place.from_reading(seen[-1]) if seen else None
 
     def tf_peaks(self) -> dict[str, int]:
         """Each TensorFlow device allocator's peak over the run (bytes in use), as last read."""
@@ -224,7 +224,7 @@ def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | Non
     if sig is None:
         return None
     if result.killed_at_limit and result.kill_at is not None:
-        sender, cause = "tfmem run's watchdog (--kill-at)", "killed at --kill-at"
+        sender, cause = "tfmem run's watchdog (--kill-at)", "killed by --kill-at"
         limit = MemoryLimit(result.kill_at, "--kill-at")
     elif killed_by_oom_killer(sig, result.oom_kills):
         sender = "the kernel's OOM killer"
