@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'workload':<8} {'without s':>10} {'with s':>10} {'ratio':>7}   (CPU seconds, median of "
               f"{options.repeat} pairs on core {options.core})")
         for name, code in (("keras", KERAS), ("numpy", NUMPY)):
-            script = directory / f"{name}.py"
+            script = directory / f"workload_{name}.py"  # not keras.py: it would shadow the package
             script.write_text(code)
             pairs = [cpu_pair(script, [str(options.epochs)], options.core) for _ in range(options.repeat)]
             ratio = statistics.median(with_ / without for without, with_ in pairs)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +38,7 @@ from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
 from pytest_tfmem.run import summary
 
 AGENT = Path(__file__).resolve().parent / "agent.py"
-WATCH_INTERVAL_S = 0.02
+WATCH_INTERVAL_S = 0.05  # isolated tests: 0.02; a long script pays for each reading for longer
 NVML_INTERVAL_S = 0.05
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 IGNORED = (signal.SIGINT, signal.SIGQUIT)
@@ -139,7 +139,8 @@ class RunJournal:
         self.file.append({"event": "start", "worker": None, "nodeid": self.nodeid, "rss": 0})
         return True
 
-    def reading(self, elapsed: float, rss: int, place: summary.Place | None) -> None:
+    def reading(self, elapsed: float, rss: int, place: Callable[[], summary.Place | None]) -> None:
+        """Write a reading when one is due (``place``, where the script is, is asked only then)."""
         with self._lock:
             self._peak = max(self._peak, rss)
             now = time.monotonic()
@@ -148,8 +149,8 @@ class RunJournal:
             self._written_peak, self._written_at = self._peak, now
             entry = {"event": "reading", "worker": None, "nodeid": self.nodeid, "elapsed_s": round(elapsed, 3),
                      "rss": rss, "peak": self._peak}
-            if place is not None:
-                entry["where"] = str(place)
+            if (where := place()) is not None:
+                entry["where"] = str(where)
             self.file.append(entry)
 
     def finish(self, result: summary.RunSummary) -> None:
@@ -233,7 +234,7 @@ def run(target: Target, options: RunOptions) -> summary.RunSummary:
 
         def on_reading(elapsed: float, rss: int) -> None:
             if journaling:
-                journal.reading(elapsed, rss, tail.poll() if target.kind != "command" else None)
+                journal.reading(elapsed, rss, tail.poll)
 
         with _signals_passed_to(process) as passed:
             result = Watchdog(process, options.kill_at, WATCH_INTERVAL_S, on_reading).wait()
