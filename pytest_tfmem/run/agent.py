@@ -125,10 +125,10 @@ class Agent:
     def _tf_levels(self) -> dict[str, list[int]]:
         """``{device: [current, peak]}`` once TensorFlow's runtime has started, else ``{}``."""
         if self._allocators is None:
-            tf = self._tf_probe.loaded_tensorflow()
-            if tf is None or not self._tf_probe.runtime_started_elsewhere():
+            # first: during ``import tensorflow`` even ``hasattr(tf, ...)`` would run TensorFlow's lazy loader
+            if not self._tf_probe.runtime_started_elsewhere():
                 return {}
-            self._allocators = self._tf_probe.allocator_sources(tf)
+            self._allocators = self._tf_probe.allocator_sources(self._tf_probe.loaded_tensorflow())
         levels = {}
         for allocator in self._allocators:
             try:
