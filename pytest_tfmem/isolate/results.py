@@ -161,6 +161,21 @@ def warning_category(qualified_name: str) -> type[Warning]:
     return category if isinstance(category, type) and issubclass(category, Warning) else UserWarning
 
 
+def watch_summary_lines(result: WatchResult) -> list[str]:
+    """The watchdog's readings a failure message shows: last, peak, elapsed, timeline."""
+    lines = [
+        (
+            f"process tree RSS: last {format_size(result.last_rss)}, peak {format_size(result.peak_rss)} "
+            f"(sampled); the child's own peak {format_size(result.child_peak_rss)} (kernel high-water mark); "
+            f"after {result.elapsed_s:.2f} s"
+        ),
+    ]
+    if result.timeline:
+        points = ", ".join(f"{t:.2f}s {format_size(rss)}" for t, rss in downsample(result.timeline, 12))
+        lines.append(f"timeline: {points}")
+    return lines
+
+
 def death_message(
     kill_at: int | None, events: list[dict[str, Any]], result: WatchResult, limit: MemoryLimit
 ) -> tuple[str, str]:
@@ -170,7 +185,7 @@ def death_message(
         f"available memory at the last reading: {format_size(result.available)} of "
         f"{format_size(limit.bytes)} ({limit.source})"
     )
-    readings = "\n".join(result.summary_lines())
+    readings = "\n".join(watch_summary_lines(result))
     if result.killed_at_limit:
         assert kill_at is not None
         head = (

@@ -25,7 +25,6 @@ import psutil
 
 from pytest_tfmem.probes import host, system
 from pytest_tfmem.probes.sampler import Sampler
-from pytest_tfmem.units import format_size
 
 # How often the list of descendants is refreshed; their memory is read at every sample.
 _TREE_REFRESH_S = 0.5
@@ -61,20 +60,6 @@ class WatchResult:
     @property
     def signal(self) -> signal.Signals | None:
         return signal.Signals(-self.returncode) if self.returncode < 0 else None
-
-    def summary_lines(self) -> list[str]:
-        """Readings a failure message shows: last, peak, elapsed, timeline."""
-        lines = [
-            (
-                f"process tree RSS: last {format_size(self.last_rss)}, peak {format_size(self.peak_rss)} "
-                f"(sampled); the child's own peak {format_size(self.child_peak_rss)} (kernel high-water mark); "
-                f"after {self.elapsed_s:.2f} s"
-            ),
-        ]
-        if self.timeline:
-            points = ", ".join(f"{t:.2f}s {format_size(rss)}" for t, rss in downsample(self.timeline, 12))
-            lines.append(f"timeline: {points}")
-        return lines
 
 
 def describe_signal(sig: signal.Signals, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
