@@ -159,7 +159,7 @@ def describe_last(path: Path, *, show_all: bool = False, last: int = 20) -> tupl
     for entry in finished:
         counts[entry.get("outcome", "?")] = counts.get(entry.get("outcome", "?"), 0) + 1
     summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
-    lines.append(f"finished: {len(finished)} test(s){': ' + summary if summary else ''}")
+    lines.append(f"finished: {len(finished)} {'run' if run else 'test(s)'}{': ' + summary if summary else ''}")
     shown = finished if show_all else finished[-last:]
     if len(shown) < len(finished):
         failed = [e for e in finished[: len(finished) - len(shown)] if e.get("outcome") in ("failed", "error")]

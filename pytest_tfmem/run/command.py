@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from pytest_tfmem.core.processes import Session
 from pytest_tfmem.journal.format import DEFAULT_PATH, JournalFile, reading_due
 from pytest_tfmem.probes import nvml as nvml_probe, system
 from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
@@ -117,18 +118,14 @@ class RunJournal:
     """The run in the results journal, written as it goes, so ``tfmem last`` tells a killed run's story."""
 
     def __init__(self, path: Path, target: Target) -> None:
-        started = round(time.time(), 3)
         me = psutil.Process()
+        session = Session(round(time.time(), 3), me.pid, me.create_time(), os.getcwd(), ("run", *target.label))
         self.nodeid = " ".join(target.label)
-        self.header = {
-            "event": "session", "session": f"{int(started * 1000):x}-{me.pid}", "kind": "run", "started": started,
-            "pid": me.pid, "pid_created": me.create_time(), "rootdir": os.getcwd(), "args": ["run", *target.label],
-        }
+        self.header = {"event": "session", "session": session.id, "kind": "run", **session.to_dict()}
         self.file = JournalFile(path, self.header)
         self._peak = self._written_peak = 0
         self._written_at = time.monotonic()
         self._lock = threading.Lock()
-        self.where: summary.AgentView | None = None
 
     def open(self) -> bool:
         try:
