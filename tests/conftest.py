@@ -18,6 +18,14 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 
 @pytest.fixture(autouse=True)
+def inner_runs_in_file_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest-randomly (in the test extra) would shuffle every inner pytest run and reseed
+    ``random`` in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite: off,
+    unless a run asks for it with ``-p randomly`` (tests/test_compatibility.py)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:randomly".strip())
+
+
+@pytest.fixture(autouse=True)
 def no_github_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inner pytest runs would append their Markdown summary to the CI job's page."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)

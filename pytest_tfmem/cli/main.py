@@ -5,10 +5,12 @@
     tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N]
     tfmem last [RESULTS] [--all]
     tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]
+    tfmem merge -o BASELINE INPUT... [--prefer first|last|max|min]
 
 Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the session
 ``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
-bad option value). ``run`` exits with the code of what it ran (``run.command``).
+bad option value, shards that measured a test differently and no ``--prefer``). ``run``
+exits with the code of what it ran (``run.command``).
 
 Each subcommand is a ``Command`` in ``COMMANDS``: its name, the ``run_*`` function that
 runs it, its help and its arguments; adding one is adding a ``Command``.
@@ -26,7 +28,7 @@ from typing import Any
 from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.files import FileFormatError
-from pytest_tfmem.gates.baseline import load_baseline
+from pytest_tfmem.gates.baseline import load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
@@ -35,8 +37,10 @@ from pytest_tfmem.gates.compare import (
     Comparison,
     compare,
     comparisons_from_record,
+    not_run_note,
 )
 from pytest_tfmem.gates.environment import environment_differences
+from pytest_tfmem.gates.merge import PREFER_RULES, MergeConflict, merge_shards, read_shard
 from pytest_tfmem.gates.reports import (
     SessionReport,
     comparison_markdown,
@@ -145,10 +149,10 @@ def run_compare(args: argparse.Namespace) -> int:
     differences = environment_differences(baseline.environment, report.environment, current_label="in the report")
     if differences:
         notes.append("the baseline was recorded in a different environment: " + "; ".join(differences))
-    missing = sorted(set(baseline.tests) - {record.nodeid for record in report.tests})
-    if missing:
-        more = " ..." if len(missing) > 5 else ""
-        notes.append(f"{len(missing)} baseline test(s) not in the report: {', '.join(missing[:5])}{more}")
+    measured = [record.nodeid for record in report.tests if record.measurement is not None]
+    not_run = not_run_note(baseline.tests, measured, where="in the report's session")
+    if not_run:
+        notes.append(not_run)
     shown = sort_comparisons(comparisons if args.all else [c for c in comparisons if c.status != WITHIN])
     if args.markdown:
         title = "pytest-tfmem: memory compared with the baseline"
@@ -275,6 +279,34 @@ SIGKILL), 1 when it exited 0 but a budget was passed, 2 for bad input. Ctrl-C re
 program; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to tfmem run are passed on to it."""
 
 
+# merge
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    shards = [_load(read_shard, path) for path in args.inputs]
+    try:
+        merged = merge_shards(shards, args.prefer)
+    except MergeConflict as error:
+        raise CliError(f"{error}\n{args.output} was not written") from None
+    try:
+        save_baseline(merged.baseline, args.output)
+    except OSError as error:
+        raise CliError(f"cannot write {args.output!r}: {error.strerror or error}") from None
+    for note in merged.environment_notes:
+        print(f"tfmem: warning: {note}", file=sys.stderr)
+    kinds = [shard.kind for shard in shards]
+    parts = [f"{kinds.count('report')} report(s)", f"{kinds.count('baseline')} baseline(s)"]
+    print(f"{args.output}: {len(merged.baseline.tests)} test(s) from {' and '.join(parts)}")
+    left_out = sum(shard.left_out for shard in shards)
+    if left_out:
+        print(f"{left_out} measured test(s) of the reports did not pass: not taken (a failing run says little)")
+    if merged.conflicts:
+        print(f"{len(merged.conflicts)} test(s) measured differently by several inputs: --prefer={args.prefer} chose")
+        for conflict in merged.conflicts[:10]:
+            print(f"  {conflict.describe()}")
+    return EXIT_OK
+
+
 # the command
 
 
@@ -359,6 +391,25 @@ COMMANDS = [
             argument("--plot", metavar="PNG", help="draw the memory timeline, host and TensorFlow (matplotlib)"),
             argument("--results", metavar="PATH",
                      help="the results journal tfmem last reads (default .tfmem/results.jsonl here)"),
+        ),
+    ),
+    Command(
+        "merge",
+        run_merge,
+        help="merge the reports or baselines of a suite's shards into one baseline",
+        description="Write one baseline from the JSON reports (pytest --tfmem-report; their passed tests) "
+        "and baselines of a suite's shards. A test two inputs measured with different figures stops the "
+        "merge (exit code 2) unless --prefer says which wins. The output is written atomically and may be "
+        "one of the inputs.",
+        arguments=(
+            argument("inputs", nargs="+", metavar="INPUT", help="JSON report or baseline file of one shard"),
+            argument("-o", "--output", required=True, metavar="BASELINE", help="the baseline file to write"),
+            argument(
+                "--prefer",
+                choices=PREFER_RULES,
+                help="which input wins a test measured differently by several: the first or last named, "
+                "or the highest or lowest peak (default: refuse)",
+            ),
         ),
     ),
 ]

@@ -5,6 +5,7 @@ Pure functions shared by the pytest check and the ``tfmem compare`` command.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,3 +132,13 @@ def comparisons_from_record(record: TestRecord) -> list[Comparison]:
         Comparison(record.nodeid, quantity, figures["current"], figures["baseline"], tolerance)
         for quantity, figures in section["quantities"].items()
     ]
+
+
+def not_run_note(baseline_tests: Iterable[str], measured: Iterable[str], *, where: str) -> str | None:
+    """How many baseline tests were not measured ``where`` (``"in this session"``): on one shard
+    of a suite, the other shards' tests. ``None`` if every one was."""
+    missing = sorted(set(baseline_tests) - set(measured))
+    if not missing:
+        return None
+    more = " ..." if len(missing) > 5 else ""
+    return f"{len(missing)} baseline test(s) not run {where}, not compared: {', '.join(missing[:5])}{more}"

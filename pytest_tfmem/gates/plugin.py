@@ -30,6 +30,7 @@ from pytest_tfmem.gates.compare import (
     baseline_verdict,
     compare,
     comparisons_from_record,
+    not_run_note,
     record_section,
 )
 from pytest_tfmem.gates.environment import current_environment, environment_differences
@@ -172,11 +173,23 @@ class CiGates:
             report = self._report(records, exitstatus)
             self._write(session, "JSON report", self.report_path, lambda path: write_report(report, path))
         top = manager(self.config).settings.top
-        markdown = session_markdown(records, top=top, notes=self.environment_notes)
+        markdown = session_markdown(records, top=top, notes=self.notes(records))
         if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
         if self.github_summary:
             self._append_step_summary(session, records, markdown)
+
+    def not_run(self, records: list[TestRecord]) -> str | None:
+        """How many baseline tests this session did not measure (a shard runs only its share)."""
+        if self.baseline is None:
+            return None
+        measured = [record.nodeid for record in records if record.measurement is not None]
+        return not_run_note(self.baseline.tests, measured, where="in this session")
+
+    def notes(self, records: list[TestRecord]) -> list[str]:
+        """What the Markdown summary says above its tables."""
+        not_run = self.not_run(records)
+        return self.environment_notes + ([not_run] if not_run else [])
 
     def _append_step_summary(self, session: pytest.Session, records: list[TestRecord], markdown: str) -> None:
         """``--tfmem-github-summary``: add the summary to the job's page (only when asked: the
@@ -244,6 +257,9 @@ class CiGates:
         terminalreporter.write_sep("=", f"tfmem: baseline {self.baseline_path} (tolerance {self.tolerance})")
         for note in self.environment_notes:
             terminalreporter.write_line(f"tfmem: warning: {note}", yellow=True)
+        not_run = self.not_run(records)
+        if not_run:
+            terminalreporter.write_line(f"tfmem: {not_run}")
         terminalreporter.write_line(counts_sentence(summary_counts(records), compared=True))
         comparisons = [c for record in records for c in comparisons_from_record(record)]
         moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
