@@ -14,4 +14,5 @@ pytest_plugins: list[str] = [
     "pytest_tfmem.explain.plugin",
     "pytest_tfmem.leaks.marker",
     "pytest_tfmem.workers.plugin",
+    "pytest_tfmem.html.plugin",
 ]

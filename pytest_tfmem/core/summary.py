@@ -9,7 +9,8 @@ from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.units import format_size
 
 
-def _use(need: int | None, budget: int | None) -> str:
+def use_percent(need: int | None, budget: int | None) -> str:
+    """``42%``: how much of its budget a test needed; ``-`` without a budget."""
     if budget is None or need is None or budget == 0:
         return "-"
     return f"{100 * need / budget:.0f}%"
@@ -57,10 +58,10 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
     rows = [[*header, "result"]]
     for record in measured[:top]:
         assert record.measurement is not None
-        gpu_budget_cells = [format_size(record.gpu_budget), _use(record.gpu_need, record.gpu_budget)]
+        gpu_budget_cells = [format_size(record.gpu_budget), use_percent(record.gpu_need, record.gpu_budget)]
         rows.append(
             _figure_cells(record.nodeid, record.measurement, with_nvml)
-            + [format_size(record.budget), _use(record.measurement.peak, record.budget)]
+            + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
             + (gpu_budget_cells if with_gpu_budget else [])
             + [_result(record)]
         )
@@ -90,7 +91,7 @@ def _subtest_rows(record: TestRecord, with_nvml: bool, with_gpu_budget: bool) ->
         over = record.budget is not None and peak > record.budget
         rows.append(
             _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml)
-            + ["", _use(peak, record.budget)]
+            + ["", use_percent(peak, record.budget)]
             + (["", ""] if with_gpu_budget else [])
             + [f"subtest {subtest.outcome}{', over budget' if over else ''}"]
         )

@@ -1,0 +1,1 @@
+"""pytest-html: memory columns in its results table and each test's tfmem section in its details."""

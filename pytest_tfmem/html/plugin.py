@@ -1,0 +1,86 @@
+"""pytest-html's report, with tfmem's figures: the results table gets peak, budget and use
+columns, and each measured test's details a tfmem block (verdicts, views, notes, and the
+report sections tfmem wrote, such as the trace path).
+
+Everything comes from the ``TestRecord`` each report carries, so it works under pytest-xdist
+(the controller writes the HTML report from the workers' reports). Nothing is registered unless
+pytest-html writes a report in this process (``--html=PATH``).
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+import pytest
+
+from pytest_tfmem.core import processes
+from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core.summary import use_percent
+from pytest_tfmem.core.verdict import view_label
+from pytest_tfmem.units import format_size
+
+COLUMNS = (("tfmem_peak", "Peak memory"), ("tfmem_budget", "Budget"), ("tfmem_use", "Use"))
+# The results table's own columns end with pytest-html's links: ours go before them.
+_BEFORE_LINKS = -1
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    writes_html = config.getoption("htmlpath", None)  # pytest-html's --html; absent without pytest-html
+    if writes_html and processes.role(config).writes_session_outputs:
+        config.pluginmanager.register(HtmlReport(), "tfmem-html")
+
+
+class HtmlReport:
+    """pytest-html's hooks: each is called by pytest-html alone, hence ``optionalhook``."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_table_header(self, cells: list[str]) -> None:
+        header = [f'<th class="{name}">{escape(title)}</th>' for name, title in COLUMNS]
+        cells[_BEFORE_LINKS:_BEFORE_LINKS] = header
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
+        record = record_from_report(report)
+        values = table_values(record) if record is not None else ("-", "-", "-")
+        row = [f'<td class="col-{name}">{escape(value)}</td>' for (name, _), value in zip(COLUMNS, values)]
+        cells[_BEFORE_LINKS:_BEFORE_LINKS] = row
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Before pytest-html's own (``trylast``) reads the report: the tfmem block as an extra."""
+        record = record_from_report(report) if report.when == "call" else None
+        if record is None or record.measurement is None:
+            return
+        from pytest_html import extras  # importable: --html is pytest-html's option
+
+        sections = [(title, text) for title, text in report.sections if title.startswith("tfmem ")]
+        block = extras.html(details_html(record, sections))
+        report.extras = [*getattr(report, "extras", []), block]  # type: ignore[attr-defined]  # pytest-html's
+
+
+def table_values(record: TestRecord) -> tuple[str, str, str]:
+    """Peak, budget and use, as the terminal table writes them."""
+    peak = record.measurement.peak if record.measurement is not None else None
+    return format_size(peak), format_size(record.budget), use_percent(peak, record.budget)
+
+
+def details_html(record: TestRecord, sections: list[tuple[str, str]]) -> str:
+    """The test's tfmem block: verdicts, a table of its views, its notes, tfmem's other sections."""
+    assert record.measurement is not None
+    peak, budget, use = table_values(record)
+    lines = [
+        '<div class="tfmem">',
+        f"<p><b>tfmem</b>: peak {escape(peak)}, budget {escape(budget)}, use {escape(use)}</p>",
+        "<ul>",
+        *(f"<li>{escape(v.check)}: {'ok' if v.ok else 'FAILED'}: {escape(v.message)}</li>" for v in record.verdicts),
+        "</ul>",
+        "<table><tr><th>view</th><th>start</th><th>peak</th><th>end</th><th>increase</th></tr>",
+    ]
+    for view in record.measurement.views:
+        figures = [view_label(view.view), *map(format_size, (view.start, view.peak, view.end, view.increase))]
+        lines.append("<tr>" + "".join(f"<td>{escape(figure)}</td>" for figure in figures) + "</tr>")
+    lines.append("</table>")
+    notes = [*record.measurement.notes, *record.notes]
+    lines += [f"<p>{escape(note)}</p>" for note in notes]
+    lines += [f"<p><b>{escape(title)}</b></p><pre>{escape(text)}</pre>" for title, text in sections]
+    lines.append("</div>")
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""pytest-html's report with tfmem's columns and sections, read back from a real HTML file."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytest_html")
+
+TESTS = """
+import numpy as np
+import pytest
+
+def test_small():
+    block = np.ones(20 * 10**6 // 8)
+
+@pytest.mark.tfmem(budget="30MB")
+def test_big():
+    block = np.ones(60 * 10**6 // 8)
+
+def test_exempt():
+    pass
+"""
+
+
+def report_tests(path: Path) -> dict[str, dict]:
+    """pytest-html's data for each test (the JSON its page is drawn from), by node id."""
+    blob = re.search(r'data-jsonblob="(.*?)"', path.read_text())
+    assert blob is not None, "no data in the HTML report"
+    return {nodeid: rows[0] for nodeid, rows in json.loads(html.unescape(blob.group(1)))["tests"].items()}
+
+
+def cells(row: dict) -> dict[str, str]:
+    """The results table's row, by column class: ``{"tfmem_peak": "57.1 MiB", ...}``."""
+    return dict(re.findall(r'<td class="col-(\w+)">(.*?)</td>', "".join(row["resultsTableRow"])))
+
+
+@pytest.fixture(scope="module")
+def html_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One pytest run writing the HTML report, a JSON report to check it with, and a trace."""
+    folder = tmp_path_factory.mktemp("html")
+    (folder / "test_memory.py").write_text(TESTS)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--html=report.html", "--self-contained-html",
+         "--tfmem-budget=1GB", "--tfmem-trace=on-failure", "--tfmem-report=report.json", "test_memory.py"],
+        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert (folder / "report.html").is_file(), done.stdout + done.stderr
+    return folder, done.stdout
+
+
+def test_the_results_table_gets_peak_budget_and_use_columns(html_run):
+    folder, _ = html_run
+    page = (folder / "report.html").read_text()
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", page)
+    assert headers[headers.index("Duration") + 1 : headers.index("Links")] == ["Peak memory", "Budget", "Use"]
+    tests = report_tests(folder / "report.html")
+    figures = {t["nodeid"]: t for t in json.loads((folder / "report.json").read_text())["tests"]}
+    for nodeid, row in tests.items():
+        peak, budget = figures[nodeid]["measurement"]["peak"], figures[nodeid]["budget"]
+        shown = cells(row)
+        assert shown["tfmem_peak"] == (f"{peak / 2**20:.1f} MiB" if peak else "0 B")
+        assert shown["tfmem_budget"] == f"{budget / 2**20:.1f} MiB"
+        assert shown["tfmem_use"] == f"{100 * peak / budget:.0f}%"
+    big = cells(tests["test_memory.py::test_big"])
+    assert big["result"] == "Failed" and big["tfmem_budget"] == "28.6 MiB" and int(big["tfmem_use"][:-1]) > 190
+
+
+def test_each_test_s_details_hold_its_tfmem_section(html_run):
+    folder, _ = html_run
+    tests = report_tests(folder / "report.html")
+    blocks = {nodeid: [e["content"] for e in row["extras"] if e["format_type"] == "html"] for nodeid, row in tests.items()}
+    assert all(len(found) == 1 for found in blocks.values()), blocks
+    big = blocks["test_memory.py::test_big"][0]
+    assert "<li>budget: FAILED: peak 57." in big and "MiB &gt; budget 28.6 MiB (host RSS 57." in big
+    assert re.search(r"<tr><td>host RSS</td><td>[\d.]+ MiB</td><td>[\d.]+ MiB</td><td>[\d.]+ MiB</td><td>57\.\d MiB</td></tr>", big)
+    trace = re.search(r"trace directory: (\S+)", big)
+    assert trace and (folder / trace.group(1) / "timeline.png").is_file()  # the trace the test left
+    small = blocks["test_memory.py::test_small"][0]
+    assert re.search(r"<li>budget: ok: peak 1[89]\.\d MiB", small) and "tfmem trace" not in small  # passing: not traced
+
+
+def test_without_html_nothing_is_added(pytester: pytest.Pytester):
+    pytester.makepyfile(test_memory=TESTS)
+    for blocked in ([], ["-p", "no:html"]):  # pytest-html loaded but not asked for; not loaded at all
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", *blocked)
+        result.assert_outcomes(passed=2, failed=1)
+        assert "Generated html report" not in result.stdout.str()
+        assert not list(pytester.path.glob("*.html"))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:html", "--html=x.html")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # without pytest-html, --html is no option of ours either
