@@ -24,6 +24,7 @@ from pytest_tfmem.core.record import TestRecord, publish, record_from_report
 from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import render_table, summary_rows
+from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import failure_for
 from pytest_tfmem.probes import host, tf as tf_probe
@@ -152,6 +153,9 @@ class TfmemManager:
         verdicts: list[Verdict | None] = [check_budget(measurement, record.budget)]
         verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record, error=error)
         record.verdicts = [v for v in verdicts if v is not None]
+        stopped = timeout_note(error)
+        if stopped is not None:
+            record.notes.append(stopped)
         item.stash[RECORD] = record
         # On the item, so the call and teardown reports both carry it (JUnit XML reads teardown's)
         publish(item, record)
@@ -206,7 +210,8 @@ class TfmemManager:
         subtests = self.subtests.end(item.nodeid)
         measurement = dataclasses.replace(monitor.stop(), first_imports=self.imports.since(imports))
         record = self.finish(item, measurement, error, subtests)
-        interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception))
+        # A re-run of a test pytest-timeout stopped would run without its timer: it could hang.
+        interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception)) or timeout_note(error) is not None
         if record.failed_verdicts and not interrupted:
             self.rerun_after_memory_failure(item, record)
         return record
