@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_tfmem.units import format_size
+
 pytest.importorskip("pytest_html")
 
 TESTS = """
@@ -65,8 +67,8 @@ def test_the_results_table_gets_peak_budget_and_use_columns(html_run):
     for nodeid, row in tests.items():
         peak, budget = figures[nodeid]["measurement"]["peak"], figures[nodeid]["budget"]
         shown = cells(row)
-        assert shown["tfmem_peak"] == (f"{peak / 2**20:.1f} MiB" if peak else "0 B")
-        assert shown["tfmem_budget"] == f"{budget / 2**20:.1f} MiB"
+        assert shown["tfmem_peak"] == format_size(peak)  # the JSON report's figure, as the terminal writes it
+        assert shown["tfmem_budget"] == format_size(budget)
         assert shown["tfmem_use"] == f"{100 * peak / budget:.0f}%"
     big = cells(tests["test_memory.py::test_big"])
     assert big["result"] == "Failed" and big["tfmem_budget"] == "28.6 MiB" and int(big["tfmem_use"][:-1]) > 190
@@ -95,3 +97,15 @@ def test_without_html_nothing_is_added(pytester: pytest.Pytester):
         assert not list(pytester.path.glob("*.html"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:html", "--html=x.html")
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # without pytest-html, --html is no option of ours either
+
+
+def test_under_xdist_the_controller_writes_them_once(pytester: pytest.Pytester):
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_memory=TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--html=report.html", "--tfmem-budget=1GB")
+    result.assert_outcomes(passed=2, failed=1)
+    tests = report_tests(pytester.path / "report.html")
+    assert set(tests) == {f"test_memory.py::test_{name}" for name in ("small", "big", "exempt")}
+    assert cells(tests["test_memory.py::test_big"])["tfmem_budget"] == "28.6 MiB"
+    for row in tests.values():  # the workers' reports carry no block of their own: one each, the controller's
+        assert [e["format_type"] for e in row["extras"]] == ["html"]
