@@ -99,6 +99,17 @@ def test_without_html_nothing_is_added(pytester: pytest.Pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR  # without pytest-html, --html is no option of ours either
 
 
+def test_without_a_tfmem_option_the_table_keeps_its_columns_and_marked_tests_their_block(pytester: pytest.Pytester):
+    pytester.makepyfile(test_memory=TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--html=report.html")
+    result.assert_outcomes(passed=2, failed=1)  # test_big's marker budget still applies
+    page = (pytester.path / "report.html").read_text()
+    assert "Peak memory" not in re.findall(r"<th[^>]*>([^<]*)</th>", page)
+    tests = report_tests(pytester.path / "report.html")
+    assert all(not name.startswith("tfmem") for row in tests.values() for name in cells(row))
+    assert [len(row["extras"]) for _, row in sorted(tests.items())] == [1, 0, 0]  # test_big, exempt, small
+
+
 def test_under_xdist_the_controller_writes_them_once(pytester: pytest.Pytester):
     pytest.importorskip("xdist")
     pytester.makepyfile(test_memory=TESTS)

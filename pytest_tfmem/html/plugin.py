@@ -4,7 +4,9 @@ report sections tfmem wrote, such as the trace path).
 
 Everything comes from the ``TestRecord`` each report carries, so it works under pytest-xdist
 (the controller writes the HTML report from the workers' reports). Nothing is registered unless
-pytest-html writes a report in this process (``--html=PATH``).
+pytest-html writes a report in this process (``--html=PATH``), and the columns are added only
+where every test is measured (a tfmem option or ini value is set): a session that does not use
+tfmem keeps pytest-html's table as it is, and a test measured for its marker alone has its block.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from html import escape
 
 import pytest
 
-from pytest_tfmem.core import processes
+from pytest_tfmem.core import manager as core, processes
 from pytest_tfmem.core.record import TestRecord, record_from_report
 from pytest_tfmem.core.summary import use_percent
 from pytest_tfmem.core.verdict import view_label
@@ -27,19 +29,27 @@ _BEFORE_LINKS = -1
 def pytest_configure(config: pytest.Config) -> None:
     writes_html = config.getoption("htmlpath", None)  # pytest-html's --html; absent without pytest-html
     if writes_html and processes.role(config).writes_session_outputs:
-        config.pluginmanager.register(HtmlReport(), "tfmem-html")
+        config.pluginmanager.register(HtmlReport(config), "tfmem-html")
 
 
 class HtmlReport:
     """pytest-html's hooks: each is called by pytest-html alone, hence ``optionalhook``."""
 
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.columns = False  # decided with the table's header, at the session's start
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
-        header = [f'<th class="{name}">{escape(title)}</th>' for name, title in COLUMNS]
-        cells[_BEFORE_LINKS:_BEFORE_LINKS] = header
+        self.columns = core.manager(self.config).measure_all
+        if self.columns:
+            header = [f'<th class="{name}">{escape(title)}</th>' for name, title in COLUMNS]
+            cells[_BEFORE_LINKS:_BEFORE_LINKS] = header
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
+        if not self.columns:
+            return
         record = record_from_report(report)
         values = table_values(record) if record is not None else ("-", "-", "-")
         row = [f'<td class="col-{name}">{escape(value)}</td>' for (name, _), value in zip(COLUMNS, values)]
