@@ -16,13 +16,11 @@ from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
 # on every machine. Inner pytest runs inherit it.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-
-@pytest.fixture(autouse=True)
-def inner_runs_in_file_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pytest-randomly (in the test extra) would shuffle every inner pytest run and reseed
-    ``random`` in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite: off,
-    unless a run asks for it with ``-p randomly`` (tests/test_compatibility.py)."""
-    monkeypatch.setenv("PYTEST_ADDOPTS", f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:randomly".strip())
+# pytest-randomly (in the test extra) would shuffle every inner pytest run and reseed ``random``
+# in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite: off in every inner
+# run (pytester's and plain subprocesses', module-scoped fixtures' too), unless a run asks for it
+# with ``-p randomly`` (tests/test_compatibility.py).
+os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:randomly".strip()
 
 
 @pytest.fixture(autouse=True)
