@@ -17,10 +17,19 @@ from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # pytest-randomly (in the test extra) would shuffle every inner pytest run and reseed ``random``
-# in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite: off in every inner
-# run (pytester's and plain subprocesses', module-scoped fixtures' too), unless a run asks for it
-# with ``-p randomly`` (tests/test_compatibility.py).
-os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -p no:randomly".strip()
+# in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite. It is off in every
+# inner run unless the run asks for it with ``-p randomly`` (tests/test_compatibility.py): here for
+# plain subprocesses (module-scoped fixtures' too), and in ``pytester`` below, which discards the
+# outer PYTEST_ADDOPTS.
+NO_RANDOMLY = "-p no:randomly"
+os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {NO_RANDOMLY}".strip()
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """pytest's ``pytester``, its inner runs (in process and in subprocesses) in file order."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", NO_RANDOMLY)
+    return pytester
 
 
 @pytest.fixture(autouse=True)

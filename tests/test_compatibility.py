@@ -189,6 +189,20 @@ def junit_order_and_peaks(path: Path) -> tuple[list[str], dict[str, int]]:
     return order, peaks
 
 
+def test_this_suite_s_inner_runs_keep_file_order(pytester: pytest.Pytester):
+    """With pytest-randomly installed, tests/conftest.py keeps it out of inner runs unless asked."""
+    pytest.importorskip("pytest_randomly")
+    pytester.makepyfile("".join(f"def test_{name}():\n    pass\n" for name in "abcdefgh"))
+    in_order = [f"test_{name}" for name in "abcdefgh"]
+    inline = pytester.inline_run("-p", "no:cacheprovider")
+    assert [r.nodeid.split("::")[1] for r in inline.getreports("pytest_runtest_logreport") if r.when == "call"] == in_order
+    for shuffle in ([], ["-p", "randomly", "--randomly-seed=5"]):
+        result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", *shuffle)
+        ran = [line.split("::")[1].split()[0] for line in result.stdout.lines if " PASSED" in line]
+        assert (ran == in_order) is not shuffle and sorted(ran) == in_order, ran
+        assert ("Using --randomly-seed=5" in result.stdout.str()) is bool(shuffle)
+
+
 @pytest.mark.slow  # three sessions that import TensorFlow: ~35 s on 2 busy cores
 def test_figures_stay_within_tolerance_in_any_order(pytester: pytest.Pytester):
     """Each test's peak in file order and in two of pytest-randomly's orders, within the baseline's
