@@ -96,7 +96,9 @@ def test_passing_and_untraced_tests_leave_nothing_and_variants_get_their_own_dir
     for name in FAILED_VARIANTS:
         contents = sorted(p.name for p in (keras_run.session / name).iterdir() if p.is_file())
         assert contents[0].startswith("events.out.tfevents.")
-        assert contents[1:] == ["output.txt", "summary.json", "timeline.png"]
+        # output.txt holds what the re-run printed: here TensorFlow's profiler log lines, none
+        # where TF_CPP_MIN_LOG_LEVEL silences them (test_trace_without_tensorflow.py checks it)
+        assert [name for name in contents[1:] if name != "output.txt"] == ["summary.json", "timeline.png"]
 
 
 def test_the_failure_report_ends_with_the_directory_and_the_tensorboard_command(keras_run: TracedRun) -> None:
