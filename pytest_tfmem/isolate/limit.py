@@ -10,10 +10,11 @@ when it crosses the limit itself. Crossing is no failure; the crossing's teardow
 carries a ``LimitCrossing`` that the session's summary shows: when, at what size, and which
 tests had left the most in that process (the growth of its level over each test).
 
-``auto`` is half the room the process has at its first test: its level then, plus half of
-what is left of its share of the memory limit it runs under (the cgroup's limit, else
-physical memory; divided evenly among pytest-xdist workers). Half, because the process that
-crossed keeps what it grew (module globals, caches) while its replacement grows beside it.
+``auto`` is the process's level at its first test plus 40% of the room left above it in its
+share of the memory limit it runs under (the cgroup's limit, else physical memory; divided
+evenly among pytest-xdist workers). Under half, because the process that crossed keeps what
+it grew (module globals, caches) while its replacement grows beside it, and each may pass the
+limit by what one test leaves.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.units import SIZE_FORMS, format_size, parse_size
 
 AUTO = "auto"
-AUTO_SHARE_OF_ROOM = 0.5
+AUTO_SHARE_OF_ROOM = 0.4
 TOP_LEFT = 3  # tests named as having left the most
 CROSSING_PROPERTY = "tfmem_limit_crossing"  # on the teardown report of the test after which it happened
 STARTED_PROPERTY = "tfmem_replacement_started"  # on the setup report of a replacement's first test
@@ -52,7 +53,7 @@ SESSION_LIMIT = settings.Option(
     "after a test's teardown, when the process (or pytest-xdist worker) holds more than this, run "
     "the remaining tests in a fresh process (a fork of the template made before the first test), "
     f"replaced in turn when it holds more; {SIZE_FORMS}; or {AUTO}: the process's size at its first "
-    "test plus half the room left under the memory limit (cgroup, else physical memory; shared "
+    "test plus 40% of the room left under the memory limit (cgroup, else physical memory; shared "
     "among pytest-xdist workers)",
     parse_session_limit,
 )
