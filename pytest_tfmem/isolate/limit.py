@@ -20,6 +20,7 @@ limit by what one test leaves.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import pytest_internals, settings
+from pytest_tfmem.errors import MemoryLimitWarning
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.units import SIZE_FORMS, format_size, parse_size
@@ -143,6 +145,14 @@ class LimitWatch:
         if self.start is None:
             self.start = self._last = self._read()
             self.limit = self._limit if isinstance(self._limit, int) else self._limit(self.start)
+            if self.replacement == 0 and self.start >= self.limit:
+                warnings.warn(
+                    MemoryLimitWarning(
+                        f"pytest-tfmem: the process holds {format_size(self.start)} before its first test, more "
+                        f"than the session limit {format_size(self.limit)}: every test will run in a fresh process"
+                    ),
+                    stacklevel=1,
+                )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
