@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -313,3 +314,26 @@ def test_in_a_cgroup_the_limit_turns_an_oom_kill_into_a_passing_session(pytester
             "* replacement process(es) started (forks of the template), ready in * s on average*",
         ]
     )
+
+
+def test_the_journal_follows_every_test_and_isolate_auto_isolates_the_killed_one(creep: Run, tmp_path: Path):
+    journal = [json.loads(line) for line in (creep.folder / ".tfmem" / "results.jsonl").read_text().splitlines()]
+    finished = {entry["nodeid"]: entry["outcome"] for entry in journal if entry.get("event") == "finish"}
+    assert len(finished) == 13 and finished["test_creep.py::test_grows[7]"] == "failed"
+    assert journal[-1]["event"] == "end"
+    folder = tmp_path / "again"
+    shutil.copytree(creep.folder, folder)
+    (folder / "notes.jsonl").unlink()
+    again = _run(folder, (folder / "test_creep.py").read_text(), "--tfmem-isolate=auto", "-k", "grows and (6 or 7 or 8)")
+    again.lines.fnmatch_lines(
+        ["test_creep.py::test_grows[[]7]: isolated: its isolated process was killed by SIGKILL in the session started *"]
+    )
+
+
+def test_spawned_replacements_are_fresh_interpreters(tmp_path: Path):
+    run = _run(tmp_path, GROWING.format(step=80, count=5, extra=""), f"--tfmem-session-limit={LIMIT}",
+               "--tfmem-isolate-start=spawn")  # fmt: skip
+    assert run.returncode == 0, run.stdout
+    run.lines.fnmatch_lines(["1 replacement process(es) started (fresh interpreters), ready in * s on average*"])
+    session, replacement = (pid for pid, _ in _by_process(run.notes()))
+    assert [note["parent"] for note in run.notes() if note["pid"] == replacement] == [session] * 6
