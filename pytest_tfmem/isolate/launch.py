@@ -8,7 +8,9 @@ import. The template is itself a fork of the session, made before the first test
 TensorFlow's runtime has not started here (it then costs no import at all); otherwise (a test
 module that ran TensorFlow ops when it was imported) it is a fresh interpreter that imports
 them, started at the first isolated test.
-``spawn``: a fresh interpreter per test (``child.py``), as chosen by
+The template also forks the session's replacement processes (``replacement.py``, with
+``--tfmem-session-limit``), side by side with isolated tests.
+``spawn``: a fresh interpreter per test (``child.py``) and per replacement process, as chosen by
 ``--tfmem-isolate-start=spawn``, or where forking is not available or not safe (TensorFlow's
 runtime started in the template, the template failed to start); the reason is given once.
 """

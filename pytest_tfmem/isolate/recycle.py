@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import pytest
 
 from pytest_tfmem.isolate.launch import Launcher
 from pytest_tfmem.isolate.limit import ReplacementStarted
@@ -137,6 +139,6 @@ class Replacements:
             self.current = None
 
 
-def remaining_targets(items: list[Any], index: int | None) -> list[str]:
+def remaining_targets(items: Sequence[pytest.Item], index: int | None) -> list[str]:
     """The files of the tests from ``index`` on (all of them when it is unknown), once each."""
     return list(dict.fromkeys(str(item.path) for item in items[index or 0 :]))
