@@ -2,7 +2,7 @@
 when a test is to run in one, each running tests until it holds more than the session limit.
 
 ``Replacements.submit`` hands one test to the current replacement (starting one first if
-there is none) and returns a ``DelegatedTest``: the watchdog (``watchdog.py``) waits on it as
+there is none) and returns a ``DelegatedTest``: the watchdog (``probes/watchdog.py``) waits on it as
 on an isolated test's process, and reads the replacement's memory meanwhile. The test's
 events come back on the replacement's channel; a replacement that ends before its ``done``
 (killed by the OOM killer, a crash) ends there, and the next test gets a fresh one.
