@@ -23,7 +23,7 @@ import time
 from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
@@ -79,22 +79,71 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-class ChildRun:
+class TestEvents:
+    """The events of the tests a process runs for the session, written as JSON lines to
+    ``stream`` as they happen (each line reaches it whole: a file or socket): reports
+    serialised by pytest's own hook, ``call``/``call_end`` readings, warnings and collection
+    errors. ``nodeid`` is the test being run for the session."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, stream: TextIO, nodeid: str) -> None:
+        self.stream = stream
+        self.nodeid = nodeid
+        self.config: pytest.Config | None = None
+
+    def write(self, event: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(event) + "\n")
+        self.stream.flush()  # a socket's text file buffers whole lines too
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.write({"event": "collect_error", "nodeid": report.nodeid, "text": report.longreprtext})
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        self.write({"event": "call", "rss": host.current_rss(), "time": time.time()})
+        try:
+            return (yield)
+        finally:
+            # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
+            # start of the test body: the process's exact peak over the body. (Not ru_maxrss:
+            # it starts from the parent's size, copied at fork, and no reset lowers it.)
+            peak = host.high_water_mark() or 0
+            self.write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.nodeid == self.nodeid and self.config is not None:
+            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+            self.write({"event": "report", "report": data})
+
+    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: object) -> None:
+        if nodeid != self.nodeid:
+            return
+        category = warning_message.category
+        self.write(
+            {
+                "event": "warning",
+                "message": str(warning_message.message),
+                "category": f"{category.__module__}.{category.__qualname__}",
+                "filename": warning_message.filename,
+                "lineno": warning_message.lineno,
+            }
+        )
+
+
+class ChildRun(TestEvents):
     """The plugin that turns a pytest run in the child into a run of one test."""
 
     def __init__(self, spec: ChildSpec) -> None:
-        self.spec = spec
-        self.config: pytest.Config | None = None
         # Open for the whole run (closed at session finish), line-buffered: each event
         # reaches the file as it is written, so a kill loses nothing already written.
-        self._events = open(spec.events, "a", buffering=1)  # noqa: SIM115
-
-    def _write(self, event: dict[str, Any]) -> None:
-        self._events.write(json.dumps(event) + "\n")
+        super().__init__(open(spec.events, "a", buffering=1), spec.nodeid)  # noqa: SIM115
+        self.spec = spec
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
-        single_test_options(config, self.spec)
+        single_test_options(config, self.spec.session, self.spec.basetemp)
         config.args = [self.spec.target]
         self.config = config
 
@@ -103,15 +152,7 @@ class ChildRun:
         try:
             return (yield)
         finally:
-            # Nobody reads this process's terminal summary, and plugins' summary hooks can be
-            # slow (one imports hypothesis: seconds): the session prints its own.
-            terminal = session.config.pluginmanager.get_plugin("terminalreporter")
-            if terminal is not None:
-                session.config.pluginmanager.unregister(terminal)
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.failed:
-            self._write({"event": "collect_error", "nodeid": report.nodeid, "text": report.longreprtext})
+            quiet_terminal(session.config)
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -123,50 +164,28 @@ class ChildRun:
         for item in selected:
             item.add_marker(settings.MARKER)  # an isolated test is always measured
         if not selected:
-            self._write({"event": "not_collected", "collected": [item.nodeid for item in deselected]})
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        self._write({"event": "call", "rss": host.current_rss(), "time": time.time()})
-        try:
-            return (yield)
-        finally:
-            # The kernel's high-water mark (VmHWM), reset when tfmem's window opened at the
-            # start of the test body: the process's exact peak over the body. (Not ru_maxrss:
-            # it starts from the parent's size, copied at fork, and no reset lowers it.)
-            peak = host.high_water_mark() or 0
-            self._write({"event": "call_end", "peak_rss": peak, "rss": host.current_rss()})
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.nodeid == self.spec.nodeid and self.config is not None:
-            data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
-            self._write({"event": "report", "report": data})
-
-    def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: object) -> None:
-        if nodeid != self.spec.nodeid:
-            return
-        category = warning_message.category
-        self._write(
-            {
-                "event": "warning",
-                "message": str(warning_message.message),
-                "category": f"{category.__module__}.{category.__qualname__}",
-                "filename": warning_message.filename,
-                "lineno": warning_message.lineno,
-            }
-        )
+            self.write({"event": "not_collected", "collected": [item.nodeid for item in deselected]})
 
     def pytest_sessionfinish(self, exitstatus: int) -> None:
-        self._write({"event": "finished", "exitstatus": int(exitstatus)})
-        self._events.close()
+        self.write({"event": "finished", "exitstatus": int(exitstatus)})
+        self.stream.close()
 
 
-def single_test_options(config: pytest.Config, spec: ChildSpec) -> None:
-    """Make the process an isolated test's (``processes.enter_child``) and switch off what
-    makes no sense for one test in a child; before ``pytest_configure``, so every plugin sees it."""
-    processes.enter_child(config, spec.session)
+def quiet_terminal(config: pytest.Config) -> None:
+    """Nobody reads a test process's terminal summary, and plugins' summary hooks can be slow
+    (one imports hypothesis: seconds): the session prints its own."""
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        config.pluginmanager.unregister(terminal)
+
+
+def single_test_options(config: pytest.Config, session: dict[str, Any], basetemp: str) -> None:
+    """Make the process one that runs tests for ``session`` (``processes.enter_child``) and
+    switch off what makes no sense in such a process (the session chooses its tests); before
+    ``pytest_configure``, so every plugin sees it."""
+    processes.enter_child(config, session)
     subsession.override_options(config, _SINGLE_TEST_OPTIONS)
-    config.option.basetemp = spec.basetemp
+    config.option.basetemp = basetemp
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,9 @@ import. The template is itself a fork of the session, made before the first test
 TensorFlow's runtime has not started here (it then costs no import at all); otherwise (a test
 module that ran TensorFlow ops when it was imported) it is a fresh interpreter that imports
 them, started at the first isolated test.
-``spawn``: a fresh interpreter per test (``child.py``), as chosen by
+The template also forks the session's replacement processes (``replacement.py``, with
+``--tfmem-session-limit``), side by side with isolated tests.
+``spawn``: a fresh interpreter per test (``child.py``) and per replacement process, as chosen by
 ``--tfmem-isolate-start=spawn``, or where forking is not available or not safe (TensorFlow's
 runtime started in the template, the template failed to start); the reason is given once.
 """
@@ -25,14 +27,16 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.isolate.child import ChildSpec
-from pytest_tfmem.isolate.template import TemplateSpec, fork_unsafe_reason
+from pytest_tfmem.isolate.replacement import ReplacementSpec
+from pytest_tfmem.isolate.template import MAX_MESSAGE, TemplateSpec, fork_unsafe_reason
 from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ChildProcess
 
 FORK = "fork"
@@ -123,7 +127,7 @@ class Template:
     """The session's side of a running template."""
 
     def __init__(self, workdir: Path, spec_args: list[str], cwd: Path, session: dict[str, Any]) -> None:
-        ours, theirs = socket.socketpair()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = TemplateSpec(
             args=spec_args,
             basetemp=str(workdir / "basetemp"),
@@ -153,12 +157,24 @@ class Template:
         theirs.close()
         TEMPLATE_PIDS.add(self.process.pid)
         self.channel = ours
-        self.answers: BinaryIO = ours.makefile("rb")
         self.ready: dict[str, Any] = {}
+        self._exited: dict[int, int] = {}  # exit statuses of forks nobody waited for yet
+
+    def _receive(self) -> dict[str, Any] | None:
+        """The template's next message (a fork's end is also kept for ``exit_status``)."""
+        message = self.channel.recv(MAX_MESSAGE)
+        if not message:
+            return None
+        answer: dict[str, Any] = json.loads(message)
+        if answer["event"] == "exited":
+            self._exited[answer["pid"]] = int(answer["returncode"])
+        return answer
 
     def _answer(self) -> dict[str, Any] | None:
-        line = self.answers.readline()
-        return json.loads(line) if line else None
+        """The template's next answer other than a fork's end."""
+        while (answer := self._receive()) is not None and answer["event"] == "exited":
+            pass
+        return answer
 
     def wait_ready(self) -> None:
         """Block until the template can fork; raise ``TemplateFailed`` if it cannot."""
@@ -182,8 +198,16 @@ class Template:
         return bool(self.ready)
 
     def fork(self, spec: ChildSpec) -> ForkedChild:
+        """A fork that runs ``spec``'s test."""
+        return self._fork({"test": asdict(spec)}, [])
+
+    def fork_replacement(self, spec: ReplacementSpec, channel: socket.socket) -> ForkedChild:
+        """A fork that becomes a replacement process, ``channel`` its end of the session's socket."""
+        return self._fork({"replacement": asdict(spec)}, [channel.fileno()])
+
+    def _fork(self, request: dict[str, Any], descriptors: list[int]) -> ForkedChild:
         try:
-            self.channel.sendall((json.dumps(asdict(spec)) + "\n").encode())
+            socket.send_fds(self.channel, [json.dumps(request).encode()], descriptors)
             answer = self._answer()
         except OSError as error:
             answer = {"event": "fork_failed", "error": f"the template process is gone ({error})"}
@@ -194,12 +218,10 @@ class Template:
 
     def exit_status(self, pid: int) -> int:
         """The exit status the template reports for its fork ``pid`` (waits for it)."""
-        while True:
-            answer = self._answer()
-            if answer is None:  # the template died; the fork died with it (PR_SET_PDEATHSIG)
+        while pid not in self._exited:
+            if self._receive() is None:  # the template died; the fork died with it (PR_SET_PDEATHSIG)
                 return -signal.SIGKILL
-            if answer["event"] == "exited" and answer["pid"] == pid:
-                return int(answer["returncode"])
+        return self._exited.pop(pid)
 
     @property
     def alive(self) -> bool:
@@ -207,7 +229,6 @@ class Template:
 
     def close(self) -> None:
         """Close the channel: the template ends."""
-        self.answers.close()
         self.channel.close()
         try:
             self.process.wait(timeout=_TEMPLATE_EXIT_S)
@@ -253,22 +274,11 @@ class Launcher:
                 self.method, self.fallback = SPAWN, f"the template could not start: {error}"
 
     def start(self, spec: ChildSpec, workdir: Path, template_dir: Path) -> ChildProcess:
-        """Start ``spec``'s process, writing its output to ``workdir / "output.log"``.
-
-        A failure of the template switches this launcher to fresh interpreters; ``fallback``
-        says why (the caller reports it once)."""
+        """Start ``spec``'s process, writing its output to ``workdir / "output.log"``."""
         output = workdir / "output.log"
-        if self.method == FORK:
-            try:
-                if self.template is not None and self.template.is_ready and not self.template.alive:
-                    self.template = None  # it served tests and died since: start another
-                self.prepare(template_dir)
-                if self.template is not None:
-                    if not self.template.is_ready:
-                        self.template.wait_ready()
-                    return self.template.fork(replace(spec, output=str(output)))
-            except TemplateFailed as error:
-                self.method, self.fallback, self.template = SPAWN, str(error), None
+        forked = self._from_template(lambda template: template.fork(replace(spec, output=str(output))), template_dir)
+        if forked is not None:
+            return forked
         with open(output, "wb") as stream:
             return subprocess.Popen(
                 [sys.executable, "-m", "pytest_tfmem.isolate.child", _write_spec(spec, workdir)],
@@ -277,6 +287,49 @@ class Launcher:
                 stdout=stream,
                 stderr=subprocess.STDOUT,
             )
+
+    def start_replacement(
+        self, spec: ReplacementSpec, workdir: Path, template_dir: Path
+    ) -> tuple[ChildProcess, socket.socket, str]:
+        """Start a replacement process (a fork of the template, or a fresh interpreter as for
+        isolated tests); return it, the session's end of its channel and how it started."""
+        ours, theirs = socket.socketpair()
+        try:
+            forked = self._from_template(lambda template: template.fork_replacement(spec, theirs), template_dir)
+            if forked is not None:
+                return forked, ours, FORK
+            spawned = replace(spec, channel_fd=theirs.fileno())
+            spawned.write(workdir / "replacement.json")
+            with open(spec.output, "wb") as stream:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "pytest_tfmem.isolate.replacement", str(workdir / "replacement.json")],
+                    cwd=self.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=stream,
+                    stderr=subprocess.STDOUT,
+                    pass_fds=(theirs.fileno(),),
+                )
+            return process, ours, SPAWN
+        finally:
+            theirs.close()
+
+    def _from_template(self, fork: Callable[[Template], ForkedChild], template_dir: Path) -> ForkedChild | None:
+        """``fork(template)``, where tests start as forks of a template that can still fork;
+        ``None`` otherwise (a failure switches this launcher to fresh interpreters; ``fallback``
+        says why, and the caller reports it once)."""
+        if self.method != FORK:
+            return None
+        try:
+            if self.template is not None and self.template.is_ready and not self.template.alive:
+                self.template = None  # it served tests and died since: start another
+            self.prepare(template_dir)
+            if self.template is not None:
+                if not self.template.is_ready:
+                    self.template.wait_ready()
+                return fork(self.template)
+        except TemplateFailed as error:
+            self.method, self.fallback, self.template = SPAWN, str(error), None
+        return None
 
     def close(self) -> None:
         if self.template is not None:

@@ -34,6 +34,17 @@ from pytest_tfmem.errors import MemoryLimitWarning, failure_for
 from pytest_tfmem.isolate.auto import AUTO, tests_to_isolate
 from pytest_tfmem.isolate.child import ChildSpec, read_events
 from pytest_tfmem.isolate.launch import FORK, SPAWN, Launcher, parse_start
+from pytest_tfmem.isolate.limit import (
+    AUTO as LIMIT_AUTO,
+    SESSION_LIMIT,
+    STARTED_PROPERTY,
+    LimitSummary,
+    LimitWatch,
+    auto_limit,
+    limit_setting,
+)
+from pytest_tfmem.isolate.recycle import DelegatedTest, Replacements, remaining_targets
+from pytest_tfmem.isolate.replacement import ReplacementSpec
 from pytest_tfmem.isolate.results import (
     PROCESS_PEAK_PROPERTY,
     add_isolated_numbers,
@@ -88,7 +99,7 @@ class IsolationPolicy:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings.add_options(parser, [ISOLATE, KILL_AT, ISOLATE_START])
+    settings.add_options(parser, [ISOLATE, KILL_AT, ISOLATE_START, SESSION_LIMIT])
     # An option string of its own: "--tfmem-isolate" stays a switch that takes no value, so
     # "pytest --tfmem-isolate tests/" keeps "tests/" as a path.
     parser.getgroup("tfmem").addoption(
@@ -144,13 +155,28 @@ class TfmemIsolation:
         self.start_method, self._start_given = settings.read_option(config, ISOLATE_START)
         self.launcher: Launcher | None = None
         self._fallback_told = False
+        self.session_limit = limit_setting(config)
+        self.limit_summary = LimitSummary(self.session_limit) if self.session_limit is not None else None
+        self.watch: LimitWatch | None = None
+        self.replacements = Replacements(self._launcher_and_dir, self._workdir, self._replacement_spec)
+        if self.session_limit is not None and processes.role(config).runs_tests:
+            self.watch = LimitWatch(self._limit_bytes(), 0, os.getpid(), processes.worker_id(config))
+            config.pluginmanager.register(self.watch, "tfmem-session-limit")
+
+    def _limit_bytes(self) -> int | Callable[[int], int]:
+        """The session limit in bytes, or (``auto``) how to make it from the level at the first test."""
+        if self.session_limit != LIMIT_AUTO:
+            assert isinstance(self.session_limit, int)
+            return self.session_limit
+        workers = int(getattr(self.config, "workerinput", {}).get("workercount", 1))
+        return lambda start: auto_limit(start, self.limit, workers)
 
     # -- policy and warnings --------------------------------------------------------------
 
     def pytest_tfmem_measure_all(self) -> bool:
         """Isolated by an option, every test is measured, each in its own process; with
         ``auto``, every test is measured so that the journal follows each one."""
-        return self.isolate or self.kill_at is not None or self.auto
+        return self.isolate or self.kill_at is not None or self.auto or self.session_limit is not None
 
     def policy_for(self, item: pytest.Item) -> IsolationPolicy | None:
         """How to isolate this test, or ``None`` to run it here (a ``kill_at`` implies isolation)."""
@@ -214,9 +240,10 @@ class TfmemIsolation:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> None:
-        """Start the template before the first test, when a test will be isolated and the
-        template can be a fork of this process: no test has run here yet, so TensorFlow's
-        runtime is started only if importing the tests started it. (A template that must be a
+        """Start the template before the first test, when a test will be isolated (or may run
+        in a replacement process, with a session limit) and the template can be a fork of this
+        process: no test has run here yet, so TensorFlow's runtime is started only if importing
+        the tests started it, and no test has left anything in it. (A template that must be a
         fresh interpreter starts at the first isolated test: under pytest-xdist a worker may
         never get one, and such a template costs an import of TensorFlow.)"""
         option = self.config.option
@@ -229,17 +256,21 @@ class TfmemIsolation:
             or (session.testsfailed and not option.continue_on_collection_errors)
         ):
             return
-        if any(self.policy_for(item) for item in session.items):
+        if self.watch is not None or any(self.policy_for(item) for item in session.items):
             self._launcher().prepare(self._template_dir)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
         policy = self.policy_for(item)
-        if policy is None or self.config.getoption("setuponly", False) or self.config.getoption("setupplan", False):
+        delegate = policy is None and self.watch is not None and self.watch.crossing is not None
+        if (policy is None and not delegate) or self.config.getoption("setuponly", False) or self.config.getoption(
+            "setupplan", False
+        ):
             return None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for report in self.run_isolated(item, policy):
+        reports = self.run_isolated(item, policy) if policy is not None else self.run_delegated(item, nextitem)
+        for report in reports:
             ihook.pytest_runtest_logreport(report=report)
         self._teardown_parent_fixtures(item, nextitem)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -253,6 +284,9 @@ class TfmemIsolation:
         call = pytest.CallInfo.from_call(lambda: pytest_internals.teardown_exact(item, nextitem), when="teardown")
         if call.excinfo is not None:
             item.ihook.pytest_runtest_logreport(report=_report_made_here(item, call))
+
+    def _launcher_and_dir(self) -> tuple[Launcher, Path]:
+        return self._launcher(), self._template_dir
 
     def _launcher(self) -> Launcher:
         if self.launcher is None:
@@ -285,6 +319,7 @@ class TfmemIsolation:
         return None
 
     def pytest_unconfigure(self) -> None:
+        self.replacements.close()
         if self.launcher is not None:
             self.launcher.close()
 
@@ -309,7 +344,57 @@ class TfmemIsolation:
         process = self._launcher().start(spec, workdir, self._template_dir)
         self._tell_fallback()
         result = Watchdog(process, policy.kill_at, WATCH_INTERVAL_S).wait()
-        events = read_events(Path(spec.events))
+        return self._relayed_reports(item, policy, result, read_events(Path(spec.events)), workdir / "output.log")
+
+    def run_delegated(self, item: pytest.Item, nextitem: pytest.Item | None) -> list[pytest.TestReport]:
+        """Run the test in this process's replacement process; return its reports as this
+        process's, the reports of an ordinary test."""
+        items = item.session.items
+        index = None if processes.role(self.config) is processes.Role.WORKER else items.index(item)
+        test, started = self.replacements.submit(
+            item.nodeid,
+            nextitem.nodeid if nextitem is not None else None,
+            item.session.testsfailed,
+            lambda: remaining_targets(items, index),
+        )
+        self._tell_fallback()
+        result = Watchdog(test, None, WATCH_INTERVAL_S).wait()
+        self.replacements.finished(test)
+        if test.replacement.ended and result.returncode == pytest.ExitCode.INTERRUPTED:
+            raise KeyboardInterrupt  # the test was interrupted there: the session stops, as it would here
+        reports = self._relayed_reports(
+            item, IsolationPolicy(None), result, test.events, test.replacement.output, delegated=test
+        )
+        if started is not None and reports:
+            reports[0].user_properties.append((STARTED_PROPERTY, started.to_json()))
+        return reports
+
+    def _replacement_spec(self, number: int, workdir: Path, targets: list[str]) -> ReplacementSpec:
+        assert self.watch is not None and self.watch.limit is not None
+        return ReplacementSpec(
+            args=list(self.config.invocation_params.args),
+            targets=targets,
+            basetemp=str(workdir / "basetemp"),
+            parent_pid=os.getpid(),
+            session=processes.session(self.config).to_dict(),
+            output=str(workdir / "output.log"),
+            limit=self.watch.limit,
+            number=number,
+            worker=processes.worker_id(self.config),
+        )
+
+    def _relayed_reports(
+        self,
+        item: pytest.Item,
+        policy: IsolationPolicy,
+        result: WatchResult,
+        events: list[dict[str, Any]],
+        output_log: Path,
+        delegated: DelegatedTest | None = None,
+    ) -> list[pytest.TestReport]:
+        """The reports another process sent for the test, as this process's; an isolated test's
+        carry the isolated run's numbers. A test whose process died before reporting all its
+        phases fails with the death's account."""
         reissue_warnings(events)
         reports = [
             self.config.hook.pytest_report_from_serializable(config=self.config, data=event["report"])
@@ -322,14 +407,15 @@ class TfmemIsolation:
         isolated = isolated_section(result, events, reports)
         if policy.reason is not None:
             isolated["reason"] = policy.reason
-        for report in reports:
-            add_isolated_numbers(report, isolated)
+        if delegated is None:
+            for report in reports:
+                add_isolated_numbers(report, isolated)
         if not ran_to_its_end(reports, events):
             # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
             # before reporting usually does (Python's fault report, an error message).
             sigkilled = result.returncode == -signal.SIGKILL
-            excerpt = "" if sigkilled else output_excerpt(workdir / "output.log", OUTPUT_LINES)
-            reports += self._died_reports(item, policy, reports, events, result, isolated, excerpt)
+            excerpt = "" if sigkilled else output_excerpt(output_log, OUTPUT_LINES)
+            reports += self._died_reports(item, policy, reports, events, result, isolated, excerpt, delegated)
         return reports
 
     def _died_reports(
@@ -341,6 +427,7 @@ class TfmemIsolation:
         result: WatchResult,
         isolated: dict[str, Any],
         output: str,
+        delegated: DelegatedTest | None,
     ) -> list[pytest.TestReport]:
         """A failure report for the phase the child died in, and an empty teardown after it."""
         phases = {report.when: report for report in reports}
@@ -353,7 +440,11 @@ class TfmemIsolation:
             phase = "call"
         else:
             phase = "teardown"
-        check, message = death_message(policy.kill_at, events, result, self.limit)
+        if delegated is None:
+            check, message = death_message(policy.kill_at, events, result, self.limit)
+        else:
+            process = f"the replacement process running this test (pid {delegated.pid})"
+            check, message = death_message(None, events, result, self.limit, process, ended=delegated.replacement.ended)
         record = TestRecord(
             item.nodeid,
             sampled_measurement(result, isolated["call_start_rss"], WATCH_INTERVAL_S),
@@ -388,6 +479,11 @@ class TfmemIsolation:
         return [record for record in manager(self.config).records if "isolated" in record.extra]
 
     @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.limit_summary is not None:
+            self.limit_summary.read(report)
+
+    @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         isolated_records = self.isolated_records
         if self.auto:
@@ -398,6 +494,10 @@ class TfmemIsolation:
                 if reason:
                     result = record.extra["isolated"].get("death") or record.outcome or ""
                     terminalreporter.write_line(f"{record.nodeid}: isolated: {reason}; this time: {result}")
+        if self.limit_summary is not None and processes.role(self.config).writes_session_outputs:
+            terminalreporter.write_sep("=", self.limit_summary.title())
+            for line in self.limit_summary.lines():
+                terminalreporter.write_line(line)
         if not isolated_records:
             return
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")

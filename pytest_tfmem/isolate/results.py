@@ -177,10 +177,16 @@ def watch_summary_lines(result: WatchResult) -> list[str]:
 
 
 def death_message(
-    kill_at: int | None, events: list[dict[str, Any]], result: WatchResult, limit: MemoryLimit
+    kill_at: int | None,
+    events: list[dict[str, Any]],
+    result: WatchResult,
+    limit: MemoryLimit,
+    process: str = "the isolated test's process",
+    ended: bool = True,
 ) -> tuple[str, str]:
     """The failed check (``kill_at``, ``signal`` or ``died``) and the message for a child
-    that ended before reporting its test."""
+    (``process``: how the message names it) that ended (or, not ``ended``, went on) before
+    reporting its test."""
     available = (
         f"available memory at the last reading: {format_size(result.available)} of "
         f"{format_size(limit.bytes)} ({limit.source})"
@@ -195,10 +201,13 @@ def death_message(
         return "kill_at", f"{head}\n{readings}\n{available}"
     if result.signal is not None:
         described = describe_signal(result.signal, result.oom_kills, result.oom_scope)
-        return "signal", f"tfmem: the isolated test's process was {described}\n{readings}\n{available}"
+        return "signal", f"tfmem: {process} was {described}\n{readings}\n{available}"
     problems = [event["text"] for event in events if event["event"] == "collect_error"]
     if any(event["event"] == "not_collected" for event in events):
-        problems.append("the isolated process did not collect this test")
+        problems.append(f"{process} did not collect this test")
     detail = "\n".join(problems)
-    head = f"tfmem: the isolated test's process exited with code {result.returncode} before reporting the test"
+    if not ended:
+        head = f"tfmem: {process} did not run the test"
+    else:
+        head = f"tfmem: {process} exited with code {result.returncode} before reporting the test"
     return "died", "\n".join(part for part in (head, detail, readings) if part)

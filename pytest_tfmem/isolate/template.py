@@ -1,4 +1,4 @@
-"""The template: ``main(["SPEC.json"])``, forked once per isolated test.
+"""The template: ``main(["SPEC.json"])``, forked once per isolated test (and per replacement process).
 
 The session (``launch.py``) starts one template when a test will be isolated (one per
 pytest-xdist worker): before its first test, a fork of the session that calls ``main``; or,
@@ -11,15 +11,20 @@ modules, TensorFlow) are imported already, and are not run again.
 Where pytest would collect, the template imports the heavy modules the session uses
 (TensorFlow, Keras; never starting TensorFlow's runtime), freezes its objects out of the
 garbage collector (so collections in the forks do not copy its pages), says it is ready,
-and serves requests: for each test it forks; the fork becomes that test's process and
+and serves requests: for each it forks; the fork becomes that test's process and
 continues the pytest run from there (collection narrowed to the test, its runtest protocol,
-session finish), then ends with ``os._exit``. The template waits for the fork to end and
-reports its exit status: the fork is its child, not the session's.
+session finish), or the session's replacement process (``replacement.py``: collection of the
+files of the tests that remain, then those tests one by one as the session asks), and ends
+with ``os._exit``. Forks run side by side; the template reaps each as it ends and reports
+its exit status: the fork is its child, not the session's.
 
-Requests and answers are JSON lines on a socket the session passed down (``channel_fd``):
-``ready`` (``fork`` true, or false with the ``reason`` forking is not safe), ``forked``
-(the fork's pid) and ``exited`` (its pid and exit status, negative for a signal). The
-template ends when the session closes the socket, and dies with the session.
+Requests and answers are JSON messages, one per ``send``, on a ``SOCK_SEQPACKET`` socket the
+session passed down (``channel_fd``). Requests: ``{"test": ChildSpec}``, or ``{"replacement":
+ReplacementSpec}`` with the replacement's own channel passed beside it (``SCM_RIGHTS``).
+Answers: ``ready`` (``fork`` true, or false with the ``reason`` forking is not safe),
+``forked`` (the fork's pid), ``fork_failed`` and ``exited`` (a fork's pid and exit status,
+negative for a signal; whenever a fork ends). The template ends when the session closes the
+socket, and dies with the session.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import gc
 import importlib
 import json
 import os
+import selectors
 import signal
 import socket
 import sys
@@ -35,7 +41,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pytest
 
@@ -43,6 +49,7 @@ from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent
 from pytest_tfmem.isolate.child import ChildRun, ChildSpec, single_test_options
+from pytest_tfmem.isolate.replacement import ReplacementRun, ReplacementSpec
 from pytest_tfmem.probes import tf as tf_probe
 
 EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path
@@ -66,12 +73,6 @@ class TemplateSpec:
     def read(cls, path: Path) -> TemplateSpec:
         return cls(**json.loads(path.read_text()))
 
-    def child_spec(self) -> ChildSpec:
-        """The template's stand-in for a test's spec: plugins configure as in an isolated test."""
-        return ChildSpec(
-            args=self.args, nodeid="", target="", events="", basetemp=self.basetemp,
-            parent_pid=self.parent_pid, session=self.session,
-        )
 
 
 def fork_unsafe_reason() -> str | None:
@@ -86,8 +87,48 @@ def fork_unsafe_reason() -> str | None:
     return None
 
 
+# The largest request or answer on the channel: one message each (SOCK_SEQPACKET).
+MAX_MESSAGE = 2**20
+
+
 def send(channel: socket.socket, message: dict[str, Any]) -> None:
-    channel.sendall((json.dumps(message) + "\n").encode())
+    channel.send(json.dumps(message).encode())
+
+
+class ForkReaper:
+    """The template's forks, reaped as they end: SIGCHLD writes to a pipe that the template's
+    loop waits on beside the channel, so that several forks can run at once (an isolated test
+    beside the replacement process running the session's other tests)."""
+
+    def __init__(self) -> None:
+        self.wakeup, self._wakeup_writer = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(self._wakeup_writer, False)
+        signal.set_wakeup_fd(self._wakeup_writer)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler: the signal reaches the pipe
+        self.forks: set[int] = set()
+
+    def reap(self) -> list[tuple[int, int]]:
+        """The forks that ended since the last call: (pid, exit status, negative for a signal)."""
+        try:
+            while os.read(self.wakeup, 512):
+                pass
+        except BlockingIOError:
+            pass
+        ended = []
+        for pid in list(self.forks):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                self.forks.discard(pid)
+                ended.append((pid, os.waitstatus_to_exitcode(status)))
+        return ended
+
+    def leave(self) -> None:
+        """In a fork: this process is a test's now, with SIGCHLD as usual."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.close(self.wakeup)
+        os.close(self._wakeup_writer)
 
 
 class TemplateRun:
@@ -96,15 +137,14 @@ class TemplateRun:
     def __init__(self, spec: TemplateSpec) -> None:
         self.spec = spec
         self.channel = socket.socket(fileno=spec.channel_fd)
-        self.requests: BinaryIO = self.channel.makefile("rb")
         self.pid = os.getpid()
-        self.forked = False  # this process is a fork that runs one test
+        self.forked = False  # this process is a fork that runs tests for the session
         self.collect_cost = 0.0  # seconds of the full collection before forking
         self.exitstatus = 0
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
-        single_test_options(config, self.spec.child_spec())
+        single_test_options(config, self.spec.session, self.spec.basetemp)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> None:
@@ -125,8 +165,8 @@ class TemplateRun:
             os._exit(0 if isinstance(error, OSError) else 1)
 
     def _serve(self, config: pytest.Config) -> None:
-        # Ctrl-C reaches the whole process group: the session stops its test's fork, and the
-        # template must stay to report that fork's end.
+        # Ctrl-C reaches the whole process group: the session stops its tests' forks, and the
+        # template must stay to report those forks' end.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         problems = []
         for name in self.spec.preimport:
@@ -143,22 +183,36 @@ class TemplateRun:
                             "problems": problems})
         if reason is not None:
             self._serve_nothing()
-        for line in self.requests:
-            spec = ChildSpec(**json.loads(line))
-            sys.stdout.flush()
-            sys.stderr.flush()
-            try:
-                pid = os.fork()
-            except OSError as error:
-                send(self.channel, {"event": "fork_failed", "error": str(error)})
-                continue
-            if pid == 0:
-                self._become_test_process(config, spec)
-                return
-            send(self.channel, {"event": "forked", "pid": pid})
-            _, status = os.waitpid(pid, 0)
-            send(self.channel, {"event": "exited", "pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
-        os._exit(0)  # the session closed the channel: nothing of this run is worth finishing
+        reaper = ForkReaper()
+        selector = selectors.DefaultSelector()
+        selector.register(self.channel, selectors.EVENT_READ)
+        selector.register(reaper.wakeup, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj == reaper.wakeup:
+                    for pid, returncode in reaper.reap():
+                        send(self.channel, {"event": "exited", "pid": pid, "returncode": returncode})
+                    continue
+                message, descriptors, _, _ = socket.recv_fds(self.channel, MAX_MESSAGE, 1)
+                if not message:
+                    os._exit(0)  # the session closed the channel: nothing of this run is worth finishing
+                request = json.loads(message)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                try:
+                    pid = os.fork()
+                except OSError as error:
+                    send(self.channel, {"event": "fork_failed", "error": str(error)})
+                    continue
+                if pid == 0:
+                    selector.close()
+                    reaper.leave()
+                    self._become_test_process(config, request, descriptors)
+                    return
+                reaper.forks.add(pid)
+                for descriptor in descriptors:  # the fork's now
+                    os.close(descriptor)
+                send(self.channel, {"event": "forked", "pid": pid})
 
     def pytest_sessionfinish(self, exitstatus: int) -> None:
         self.exitstatus = int(exitstatus)
@@ -174,26 +228,37 @@ class TemplateRun:
             os._exit(self.exitstatus)
 
     def _serve_nothing(self) -> None:
-        for _ in self.requests:  # until the session closes the channel
+        while self.channel.recv(MAX_MESSAGE):  # until the session closes the channel
             pass
         os._exit(0)
 
-    def _become_test_process(self, config: pytest.Config, spec: ChildSpec) -> None:
-        """In the fork: leave the template's channel and output, and become ``spec``'s test process."""
+    def _become_test_process(self, config: pytest.Config, request: dict[str, Any], descriptors: list[int]) -> None:
+        """In the fork: leave the template's channel and output, and become the process of the
+        test (``request["test"]``, a ``ChildSpec``) or the replacement process
+        (``request["replacement"]``, a ``ReplacementSpec``; its channel is ``descriptors[0]``)."""
         self.forked = True
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a spawned child
-        self.requests.close()
         self.channel.close()
         die_with_parent(self.pid)
+        spec: ChildSpec | ReplacementSpec
+        if "test" in request:
+            spec = ChildSpec(**request["test"])
+            targets = [spec.target]
+        else:
+            spec = ReplacementSpec(**{**request["replacement"], "channel_fd": descriptors[0]})
+            targets = spec.targets
         assert spec.output is not None
         redirect_output(config, spec.output)
-        single_test_options(config, spec)
+        single_test_options(config, spec.session, spec.basetemp)
         pytest_internals.move_basetemp(config, Path(os.path.abspath(spec.basetemp)))
-        config.args = [spec.target]
+        config.args = targets
         manager(config).collector.assume_full(self.collect_cost)
-        run = ChildRun(spec)
-        run.config = config
-        config.pluginmanager.register(run, "tfmem-isolated-test")
+        if isinstance(spec, ChildSpec):
+            run = ChildRun(spec)
+            run.config = config
+            config.pluginmanager.register(run, "tfmem-isolated-test")
+        else:
+            ReplacementRun(spec).register(config)
 
 
 def redirect_output(config: pytest.Config, path: str) -> None:
