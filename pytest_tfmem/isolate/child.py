@@ -92,7 +92,7 @@ class ChildRun:
     def _write(self, event: dict[str, Any]) -> None:
         self._events.write(json.dumps(event) + "\n")
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own main, which runs the session
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         single_test_options(config, self.spec)
         config.args = [self.spec.target]
@@ -113,7 +113,7 @@ class ChildRun:
         if report.failed:
             self._write({"event": "collect_error", "nodeid": report.nodeid, "text": report.longreprtext})
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(trylast=True)  # after pytest's and other plugins' own selection
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         selected = [item for item in items if item.nodeid == self.spec.nodeid]
         deselected = [item for item in items if item.nodeid != self.spec.nodeid]
@@ -125,7 +125,7 @@ class ChildRun:
         if not selected:
             self._write({"event": "not_collected", "collected": [item.nodeid for item in deselected]})
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest's wrappers and tfmem's steps
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         self._write({"event": "call", "rss": host.current_rss(), "time": time.time()})
         try:
