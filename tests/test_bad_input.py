@@ -42,7 +42,7 @@ def test_bad_marker_arguments(pytester: pytest.Pytester, marker: str, expected: 
 
 
 def test_an_unknown_marker_keyword_lists_every_feature_s_keywords(pytester: pytest.Pytester):
-    """Each feature declares its own keywords (``pytest_tfmem_marker_keywords``); the message has them all."""
+    """Each feature declares its own keywords (``TFMEM_DECLARATIONS``); the message has them all."""
     pytester.makepyfile("import pytest\n\n@pytest.mark.tfmem(budjet='1GB')\ndef test_marked():\n    pass\n")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR

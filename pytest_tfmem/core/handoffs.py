@@ -14,9 +14,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.files import write_text_atomic
 
+# In an item's stash while TensorFlow's profiler runs over the test's current run (its own run or
+# its re-run): what the profile is for ("TensorBoard trace"). TensorFlow runs one profiler at a
+# time: a feature that would profile the same run reads the other one's trace instead.
+PROFILER_IN_USE = pytest.StashKey[str]()
 TRACE_SUMMARY = "summary.json"  # in a trace directory: what the trace wrote, and the analyses' sections
 
 

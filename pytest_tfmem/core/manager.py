@@ -2,26 +2,39 @@
 each test, applies the checks and writes the summary. Thin glue: no arithmetic here.
 
 Inert unless a tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
-fixture. Features reach the manager with ``manager(config)`` and plug into it through tfmem's
-hooks (``hookspecs.py``).
+fixture. Features reach the manager with ``manager(config)`` and plug into it with declarations
+(``core.features``), the few hooks of ``hookspecs.py`` and the manager's own registrations
+(``known_peak``, ``tracker_sources``, ``tensorflow_setups``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import ExitStack, contextmanager
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from pytest_tfmem import hookspecs
-from pytest_tfmem.core import attempts, processes, pytest_internals, settings
+from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.features import CallStep, Step, Summary
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers, section_lines
 from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
+from pytest_tfmem.core.handoffs import PROFILER_IN_USE
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker, probes
 from pytest_tfmem.core.record import TestRecord, publish, record_from_report
-from pytest_tfmem.core.rerun import RERUN_KEYWORD, Rerun, read_output, rerun_refusal, rerun_test_body, separate_output
+from pytest_tfmem.core.rerun import (
+    RERUN_KEYWORD,
+    Rerun,
+    RerunUse,
+    read_output,
+    rerun_refusal,
+    rerun_test_body,
+    separate_output,
+)
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
@@ -53,12 +66,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "tfmem(budget=None, ...): memory policy for this test; budget='512MB' overrides "
         "--tfmem-budget, budget=None exempts the test (pytest-tfmem)",
     )
-    config.stash[_MANAGER] = TfmemManager(config)
-    config.pluginmanager.register(config.stash[_MANAGER], "tfmem-manager")
+    # Registered here, whichever feature made it first: its hooks keep their place among the
+    # features' (its terminal summary after the CI gates', before the GPU notes).
+    config.pluginmanager.register(manager(config), "tfmem-manager")
 
 
-def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
-    return {"budget": settings.parse_optional_size, RERUN_KEYWORD: settings.parse_bool}
+TFMEM_DECLARATIONS = features.Declarations(
+    marker_keywords={"budget": settings.parse_optional_size, RERUN_KEYWORD: settings.parse_bool}
+)
 
 
 @pytest.fixture
@@ -70,8 +85,17 @@ def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
 
 
 def manager(config: pytest.Config) -> TfmemManager:
-    """The session's manager: what every feature reads the measured tests and records from."""
+    """The session's manager: what every feature reads the measured tests and records from.
+
+    Made at its first use, so that a feature's ``pytest_configure`` can add its steps to it
+    whichever plugin pytest configures first."""
+    if _MANAGER not in config.stash:
+        config.stash[_MANAGER] = TfmemManager(config)
     return config.stash[_MANAGER]
+
+
+def _no_known_peak(item: pytest.Item) -> int | None:
+    return None
 
 
 class TfmemManager:
@@ -87,10 +111,27 @@ class TfmemManager:
         self.collector = Collector(host.current_rss)
         self.subtests = SubtestWindows(self.trackers)
         self.first_reruns = attempts.FirstReruns()
-        self.marker_keywords: dict[str, Callable[[object, str], Any]] = {}
-        for keywords in config.hook.pytest_tfmem_marker_keywords():
-            self.marker_keywords.update(keywords)
-        self.measuring_markers = {settings.MARKER}.union(*config.hook.pytest_tfmem_measuring_markers())
+        declarations = features.declared(config)
+        self.marker_keywords: dict[str, features.KeywordParser] = {}
+        for declared in declarations:
+            self.marker_keywords.update(declared.marker_keywords)
+        self.measuring_markers = {settings.MARKER}.union(*(declared.measuring_markers for declared in declarations))
+        # What one feature provides for others, registered by it when pytest is configured:
+        # the peak a test is known to reach (bytes; the baseline's), to size xdist workers;
+        self.known_peak: Callable[[pytest.Item], int | None] = _no_known_peak
+        # more peak trackers for every window (NVML's per-GPU views): each source returns the
+        # same trackers at every call, so nested windows fold their peaks into each other; a
+        # test's headline peak reads only the host and TensorFlow CPU views;
+        self.tracker_sources: list[Callable[[], list[PeakTracker]]] = []
+        # device settings, applied once TensorFlow is found loaded (``tf``: before the first
+        # measured test, or right after a test's own first import of it), before tfmem starts its
+        # runtime: memory growth and logical memory limits apply only while the second argument
+        # (the runtime started) is false.
+        self.tensorflow_setups: list[Callable[[ModuleType, bool], None]] = []
+        self.steps = [CallStep(Step.MEASURE, self._measured_call)]  # in Step order: add_step
+        self.summaries: list[tuple[Summary, Callable[[pytest.TerminalReporter], None]]] = [
+            (Summary.TABLE, self._write_table)
+        ]
         self._imports: ImportLedger | None = None
         remove_inherited_ledgers()
 
@@ -103,6 +144,14 @@ class TfmemManager:
             self._imports = ImportLedger(probes().host.source)
             self._imports.add_listener(LeaveOutFirstImports(self.prepare_tensorflow))
         return self._imports
+
+    def add_step(self, step: CallStep) -> None:
+        """A feature's part in every test's call phase, run in ``Step`` order (``core.features``)."""
+        self.steps = sorted([*self.steps, step], key=lambda known: known.step)
+
+    def add_summary(self, part: Summary, write: Callable[[pytest.TerminalReporter], None]) -> None:
+        """A feature's part of the terminal summary, written in ``Summary`` order."""
+        self.summaries = sorted([*self.summaries, (part, write)], key=lambda known: known[0])
 
     @property
     def measure_all(self) -> bool:
@@ -121,7 +170,7 @@ class TfmemManager:
 
     def trackers(self) -> list[PeakTracker]:
         """The features' own peak trackers, for every window besides host and TensorFlow's."""
-        return [tracker for trackers in self.config.hook.pytest_tfmem_trackers() for tracker in trackers]
+        return [tracker for source in self.tracker_sources for tracker in source()]
 
     def budget_for(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(ARGUMENTS, {})
@@ -135,9 +184,9 @@ class TfmemManager:
         if tf is None:
             return
         self._tensorflow_prepared = True
-        self.config.hook.pytest_tfmem_configure_tensorflow(
-            config=self.config, tf=tf, runtime_started=tf_probe.runtime_started()
-        )
+        runtime_started = tf_probe.runtime_started()
+        for setup in self.tensorflow_setups:
+            setup(tf, runtime_started)
         if self.settings.tf_warmup:
             tf_probe.start_runtime(tf)
 
@@ -177,14 +226,27 @@ class TfmemManager:
         if self.settings.book_imports and self.is_measured(item) and not self.imports.installed:
             self.imports.install()
 
-    # trylast: inside pytest's own wrappers (output capture, log capture), as the test is; the
-    # leak marker's wrapper (trylast too, registered earlier) is inside this one.
+    # trylast: inside pytest's own wrappers (output capture, log capture), as the test is.
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """Every test's call phase goes through the features' steps, in ``Step`` order."""
+        with ExitStack() as stack:
+            profiler = next((known.step for known in self.steps if known.profiles(item)), None)
+            if profiler is not None:
+                item.stash[PROFILER_IN_USE] = profiler.name.lower()
+                stack.callback(item.stash.__delitem__, PROFILER_IN_USE)
+            for known in self.steps:
+                if known.around is not None:
+                    stack.enter_context(known.around(item))
+            return (yield)
+
+    @contextmanager
+    def _measured_call(self, item: pytest.Item) -> Iterator[None]:
         """Measure the call phase of every kind of test: a function's body, a ``unittest.TestCase``
         method with its ``setUp`` and ``tearDown``, a doctest (README, "Which phase is budgeted")."""
         if not self.is_measured(item):
-            return (yield)
+            yield
+            return
         self.prepare_tensorflow()
         monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
         item.stash[MONITOR] = monitor
@@ -218,9 +280,10 @@ class TfmemManager:
 
     def rerun_after_memory_failure(self, item: pytest.Item, record: TestRecord) -> None:
         """Run the body once more for every feature that asked (trace, explain), or say why not."""
-        wanted = tuple(label for label in self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record) if label)
-        if not wanted:
+        uses: list[RerunUse] = self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record)
+        if not uses:
             return
+        wanted = tuple(use.gives for use in uses)
         earlier = self.first_reruns.earlier(item.nodeid)
         if earlier is not None:
             record.extra.update(earlier)
@@ -237,16 +300,23 @@ class TfmemManager:
             record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
         else:
             with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
-                self.config.hook.pytest_tfmem_rerun(item=item, rerun=Rerun(wanted))
+                self._rerun(item, Rerun(tuple(uses)))
             self.first_reruns.remember(item.nodeid, extra_before, record.extra)
         publish(item, record)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> None:
-        """Innermost: the body itself (its output is kept apart from the first run's)."""
+    def _rerun(self, item: pytest.Item, rerun: Rerun) -> None:
+        """The body once more, inside every use's set-up in ``Step`` order; its output is kept
+        apart from the first run's."""
         assert isinstance(item, pytest.Function)  # rerun_refusal let only functions through
-        rerun.result = rerun_test_body(item, MONITOR, self.trackers())
-        rerun.output = read_output(item)
+        profiler = next((use.gives for use in rerun.uses if use.profiles), None)
+        with ExitStack() as stack:
+            if profiler is not None:
+                item.stash[PROFILER_IN_USE] = profiler
+                stack.callback(item.stash.__delitem__, PROFILER_IN_USE)
+            for use in sorted(rerun.uses, key=lambda use: use.step):
+                stack.enter_context(use.around(rerun))
+            rerun.result = rerun_test_body(item, MONITOR, self.trackers())
+            rerun.output = read_output(item)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -261,7 +331,7 @@ class TfmemManager:
         subtest = call.when == "call" and MONITOR in item.stash
         record = item.stash.get(RECORD, None) if call.when == "call" and not subtest else None
         # Asked before the report is made, so that what features publish now reaches it.
-        added = [] if record is None else self.config.hook.pytest_tfmem_report_sections(item=item, record=record)
+        added = [] if record is None else self._report_sections(item, record)
         report = yield
         if record is not None:
             report.sections.append(("tfmem", _section_text(record)))
@@ -272,6 +342,12 @@ class TfmemManager:
             # ran the test its own way): say so rather than leave the test silently unmeasured.
             report.user_properties.append((NOT_MEASURED, "its call phase did not go through pytest_runtest_call"))
         return report
+
+    def _report_sections(self, item: pytest.Item, record: TestRecord) -> list[list[tuple[str, str]]]:
+        """The features' sections in ``Step`` order, then those of ``pytest_tfmem_report_sections``."""
+        added = [known.sections(item, record) for known in self.steps if known.sections is not None]
+        added += self.config.hook.pytest_tfmem_report_sections(item=item, record=record)
+        return [sections for sections in added if sections]
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -285,6 +361,10 @@ class TfmemManager:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for _, write in self.summaries:
+            write(terminalreporter)
+
+    def _write_table(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.records:
             terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
             for line in render_table(summary_rows(self.records, self.settings.top, subtests=self.settings.subtests)):

@@ -281,6 +281,10 @@ class Probes:
         for monitor in self.monitors:
             monitor.open_new_views()
 
+
+# Process-wide on purpose: the host's high-water mark and TensorFlow's allocators are the
+# process's, and nested windows (a test's, its ``tfmem.measure()`` blocks, a leak check's, with or
+# without a pytest session) must share one tracker per view to fold their peaks into each other.
 _probes: Probes | None = None
 
 
@@ -297,7 +301,7 @@ class Monitor:
     ``collect`` is how garbage is collected before the window opens (``gc.collect`` by default;
     the per-test windows use ``garbage.Collector.collect``, which costs only the new objects).
     ``trackers`` are read besides the process-wide ones (host, TensorFlow's allocators): the
-    features' own (``pytest_tfmem_trackers``), the same objects for every window of a test.
+    features' own (the manager's ``tracker_sources``), the same objects for every window of a test.
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 Used to look at a memory failure with tools too costly to run on every test (TensorFlow's
 profiler, the line tracer). Only a tfmem verdict (budget, leak, baseline, GPU budget, device
 out of memory) leads to a re-run, never an ordinary failure, and the body runs again at most
-once however many features asked for it (``pytest_tfmem_rerun_wanted``, ``pytest_tfmem_rerun``).
+once however many features asked for it (each with a ``RerunUse``, from ``pytest_tfmem_rerun_wanted``).
 What the second run shares with the first, and why that is the safer choice:
 
 - the same fixture values: fixtures are not set up again (no second database, download or
@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import inspect
 import unittest
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import pytest
 
 from pytest_tfmem.core import pytest_internals
+from pytest_tfmem.core.features import Step
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.core.subtests import for_rerun
 
@@ -46,11 +47,28 @@ class RerunResult:
     error: str | None
 
 
+@dataclass(frozen=True)
+class RerunUse:
+    """What one feature makes of the re-run after a memory failure, and how it takes part.
+
+    ``around(rerun)`` is entered before the body runs again and left after it, in the order of
+    ``step`` (``core.features.Step``): set up there (a profiler, a line tracer) and read
+    ``rerun.result`` on the way out. TensorFlow runs one profiler at a time: the first use that
+    ``profiles`` runs it, and while it does ``core.handoffs.PROFILER_IN_USE`` is in the item's
+    stash.
+    """
+
+    step: Step
+    gives: str  # what the report names it: "TensorBoard trace" ("not re-run, so no TensorBoard trace")
+    around: Callable[[Rerun], AbstractContextManager[object]]
+    profiles: bool = False
+
+
 @dataclass
 class Rerun:
     """The one re-run of a test, shared by the features that asked for it."""
 
-    wanted_by: tuple[str, ...]  # what each asking feature will make of it ("the TensorBoard trace")
+    uses: tuple[RerunUse, ...]
     result: RerunResult | None = None  # set by the core once the body has run
     output: str = ""  # what the body printed
 

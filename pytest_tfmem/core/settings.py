@@ -180,7 +180,7 @@ class CoreSettings:
 
 def marker_arguments(item: pytest.Item, keywords: dict[str, Callable[[object, str], Any]]) -> dict[str, Any]:
     """Parsed keyword arguments of the item's ``tfmem`` markers (the closest marker wins);
-    ``keywords``: each accepted keyword's parser (``pytest_tfmem_marker_keywords``).
+    ``keywords``: each accepted keyword's parser (the features' ``TFMEM_DECLARATIONS``).
 
     Raises ``pytest.UsageError`` naming the test, the bad argument and the accepted forms.
     """

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Generator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
@@ -28,12 +29,13 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import settings
+from pytest_tfmem.core import features, settings
 from pytest_tfmem.core.failsafe import warn_instead
-from pytest_tfmem.core.handoffs import TraceHandoff
+from pytest_tfmem.core.features import CallStep, Step
+from pytest_tfmem.core.handoffs import PROFILER_IN_USE, TraceHandoff
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
-from pytest_tfmem.core.rerun import Rerun
+from pytest_tfmem.core.rerun import Rerun, RerunUse
 from pytest_tfmem.explain.lines import (
     FunctionLines,
     LineTracer,
@@ -162,12 +164,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, EXPLAIN_OPTIONS)
 
 
-def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
-    return {"explain": parse_marker_explain, "explain_mode": parse_mode}
+TFMEM_DECLARATIONS = features.Declarations(
+    marker_keywords={"explain": parse_marker_explain, "explain_mode": parse_mode}
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(ExplainPlugin(config), "tfmem-explain")
+    explain = ExplainPlugin(config)
+    config.pluginmanager.register(explain, "tfmem-explain")
+    manager(config).add_step(CallStep(Step.EXPLAIN, explain.explain_own_run, sections=explain.report_sections))
 
 
 def traced_functions(item: pytest.Function, names: tuple[str, ...]) -> tuple[dict[CodeType, str], list[str]]:
@@ -218,38 +223,36 @@ class ExplainPlugin:
         if run.profiler is not None:
             run.profiler.stop()
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+    @contextmanager
+    def explain_own_run(self, item: pytest.Item) -> Iterator[None]:
         """``from-start``: trace the test's own run (the profiler too, unless the trace feature does)."""
         request = self.request_for(item)
-        if request is None or request.mode != FROM_START:
-            return (yield)
-        assert isinstance(item, pytest.Function)
         run = None
-        with warn_instead(item, "cannot trace this test"):  # the test runs anyway, untraced
-            profiled = any(self.config.hook.pytest_tfmem_profiles(item=item, rerun=None))
-            run = self._start(item, request, FROM_START, profile=not profiled)
+        if request is not None and request.mode == FROM_START:
+            assert isinstance(item, pytest.Function)
+            with warn_instead(item, "cannot trace this test"):  # the test runs anyway, untraced
+                run = self._start(item, request, FROM_START, profile=PROFILER_IN_USE not in item.stash)
         if run is None:
-            return (yield)
+            yield
+            return
         try:
-            return (yield)
+            yield
         finally:
             self._stop(run)
             item.stash[OWN_RUN] = run
 
-    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
+    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> RerunUse | None:
         request = self.request_for(item)
-        return RERUN_LABEL if request is not None and request.mode == RERUN else None
+        if request is None or request.mode != RERUN:
+            return None
+        return RerunUse(Step.EXPLAIN, RERUN_LABEL, lambda rerun: self._explain_rerun(item, request, rerun))
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the trace's: its trace is written when this reads it
-    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> Generator[None, None, None]:
-        """``rerun``: the line tracer (and the profiler, unless the trace feature profiles) over the re-run."""
-        request = self.request_for(item)
-        if request is None or RERUN_LABEL not in rerun.wanted_by:
-            return (yield)
+    @contextmanager
+    def _explain_rerun(self, item: pytest.Item, request: ExplainRequest, rerun: Rerun) -> Iterator[None]:
+        """``rerun``: the line tracer (and the profiler, unless the trace feature profiles) over
+        the re-run; the explanation once it ended (and the trace, read here, is written)."""
         assert isinstance(item, pytest.Function)
-        profiled = any(self.config.hook.pytest_tfmem_profiles(item=item, rerun=rerun))
-        run = self._start(item, request, RERUN, profile=not profiled)
+        run = self._start(item, request, RERUN, profile=PROFILER_IN_USE not in item.stash)
         try:
             yield
         finally:
@@ -280,8 +283,7 @@ class ExplainPlugin:
         lines = run.tracer.results()
         _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
 
-    @pytest.hookimpl(tryfirst=True)  # above the trace's section
-    def pytest_tfmem_report_sections(self, item: pytest.Item, record: TestRecord) -> list[tuple[str, str]] | None:
+    def report_sections(self, item: pytest.Item, record: TestRecord) -> list[tuple[str, str]] | None:
         """A test traced from the start that failed a tfmem check is explained now: every
         feature has finished with the test's own run."""
         own_run = item.stash.get(OWN_RUN, None)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pytest_tfmem import __version__
-from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core import features, processes, settings
+from pytest_tfmem.core.features import Summary
 from pytest_tfmem.core.manager import ARGUMENTS, manager
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
@@ -89,13 +89,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, OPTIONS)
 
 
-def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
-    return {"tolerance": parse_tolerance}
+TFMEM_DECLARATIONS = features.Declarations(marker_keywords={"tolerance": parse_tolerance})
 
 
-@pytest.hookimpl(trylast=True)  # registered after the core's manager: its summary comes before the manager's
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(CiGates(config), "tfmem-gates")
+    gates = CiGates(config)
+    config.pluginmanager.register(gates, "tfmem-gates")
+    tfmem_manager = manager(config)
+    tfmem_manager.known_peak = gates.known_peak
+    tfmem_manager.add_summary(Summary.GATES, gates.write_summary)
 
 
 class CiGates:
@@ -145,7 +147,8 @@ class CiGates:
     def pytest_tfmem_measure_all(self) -> bool:
         return self.active
 
-    def pytest_tfmem_known_peak(self, item: pytest.Item) -> int | None:
+    def known_peak(self, item: pytest.Item) -> int | None:
+        """The peak the test's baseline entry records (to size xdist workers), or ``None``."""
         entry = self.baseline.tests.get(item.nodeid) if self.baseline is not None else None
         return entry.peak if entry is not None else None
 
@@ -244,7 +247,7 @@ class CiGates:
         self.outcome_lines.append((done or f"{what} written to {path}", {}))
 
     @pytest.hookimpl
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+    def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         records = manager(self.config).records
         if self.baseline is not None and records:
             self._summarise_comparisons(terminalreporter, records)

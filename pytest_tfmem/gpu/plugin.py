@@ -10,8 +10,8 @@
   leaves the variable alone, and so does a value the user set. Without a GPU option the
   environment is not touched. The variable also works together with a memory limit, which
   ``set_memory_growth`` does not.
-- ``--tfmem-gpu-limit``: a logical device memory limit on every GPU, set through the
-  ``pytest_tfmem_configure_tensorflow`` hook before TensorFlow initialises its devices.
+- ``--tfmem-gpu-limit``: a logical device memory limit on every GPU, set (registered with the
+  manager's ``tensorflow_setups``) before TensorFlow initialises its devices.
   If it has already initialised them, a ``TfmemDeviceWarning`` says the setting was not applied.
 - A ``tf.errors.ResourceExhaustedError`` escaping a measured test becomes a
   ``DeviceOutOfMemory`` failure naming device, allocator, tensor, limit and peak (``oom.py``).
@@ -22,13 +22,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Generator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import oom, settings
+from pytest_tfmem.core import features, oom, settings
+from pytest_tfmem.core.features import CallStep, Step, Summary
 from pytest_tfmem.core.handoffs import TraceHandoff
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.measure import Measurement, PeakTracker
@@ -91,13 +93,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, OPTIONS)
 
 
-def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
-    return {"gpu_budget": settings.parse_optional_size}
+TFMEM_DECLARATIONS = features.Declarations(marker_keywords={"gpu_budget": settings.parse_optional_size})
 
 
-@pytest.hookimpl(trylast=True)  # registered after the other features: its test-call wrapper is outermost
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TfmemGpu(config), "tfmem-gpu")
+    gpu = TfmemGpu(config)
+    config.pluginmanager.register(gpu, "tfmem-gpu")
+    tfmem_manager = manager(config)
+    tfmem_manager.add_step(CallStep(Step.GPU, gpu.device_oom_failure))
+    tfmem_manager.add_summary(Summary.GPU, gpu.write_summary)
+    tfmem_manager.tracker_sources.append(gpu.nvml_trackers)
+    tfmem_manager.tensorflow_setups.append(gpu.configure_tensorflow)
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -283,21 +289,20 @@ class TfmemGpu:
     def pytest_tfmem_measure_all(self) -> bool:
         return self.budget is not None or self.limit is not None
 
-    def pytest_tfmem_trackers(self) -> list[PeakTracker]:
-        return self.nvml_trackers()
-
     def pytest_report_header(self) -> list[str]:
         if not self.set_growth:
             return []
         return [f"tfmem: {GROWTH_VARIABLE}=true set (GPU option given: {', '.join(self.options_given)})"]
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own set-up, which runs the fixtures
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
         if self.limit is not None:
             manager(self.config).prepare_tensorflow()
 
-    def pytest_tfmem_configure_tensorflow(self, config: pytest.Config, tf: ModuleType, runtime_started: bool) -> None:
+    def configure_tensorflow(self, tf: ModuleType, runtime_started: bool) -> None:
+        """Apply the GPU limit and say what could not be set (the manager calls it once TF is loaded)."""
+        config = self.config
         problems = []
         if self.limit is not None:
             problem = apply_gpu_limit(tf, runtime_started, self.limit)
@@ -326,12 +331,12 @@ class TfmemGpu:
             record.extra[EXTRA] = section
         return check_gpu_budget(record.measurement, budget)
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside the core's measurement
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+    @contextmanager
+    def device_oom_failure(self, item: pytest.Item) -> Iterator[None]:
         """A ``ResourceExhaustedError`` from a measured test function becomes a ``DeviceOutOfMemory``
         (a ``unittest.TestCase`` method keeps TF's error; its tfmem section has the verdict)."""
         try:
-            return (yield)
+            yield
         except Exception as error:
             record = item.stash.get(RECORD, None)
             verdict = next((v for v in record.verdicts if v.check == oom.CHECK), None) if record else None
@@ -346,8 +351,7 @@ class TfmemGpu:
             failure.tf_error = error  # the message already quotes it: no chained traceback
             raise failure from None
 
-    @pytest.hookimpl(trylast=True)  # below the core's table
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+    def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         records = manager(self.config).records
         if not records:
             return

@@ -100,7 +100,7 @@ class TestEvents:
         if report.failed:
             self.write({"event": "collect_error", "nodeid": report.nodeid, "text": report.longreprtext})
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest's wrappers and tfmem's steps
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         self.write({"event": "call", "rss": host.current_rss(), "time": time.time()})
         try:
@@ -141,7 +141,7 @@ class ChildRun(TestEvents):
         super().__init__(open(spec.events, "a", buffering=1), spec.nodeid)  # noqa: SIM115
         self.spec = spec
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own main, which runs the session
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         single_test_options(config, self.spec.session, self.spec.basetemp)
         config.args = [self.spec.target]
@@ -154,7 +154,7 @@ class ChildRun(TestEvents):
         finally:
             quiet_terminal(session.config)
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(trylast=True)  # after pytest's and other plugins' own selection
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         selected = [item for item in items if item.nodeid == self.spec.nodeid]
         deselected = [item for item in items if item.nodeid != self.spec.nodeid]

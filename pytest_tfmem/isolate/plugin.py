@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem.core import processes, pytest_internals, settings
+from pytest_tfmem.core import features, processes, pytest_internals, settings
+from pytest_tfmem.core.features import Summary
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.subsession import output_excerpt
@@ -120,8 +121,9 @@ def read_isolate(config: pytest.Config) -> bool | str:
         raise pytest.UsageError(f"{error}; or {AUTO}") from None
 
 
-def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
-    return {"isolate": settings.parse_bool, "kill_at": settings.parse_optional_size}
+TFMEM_DECLARATIONS = features.Declarations(
+    marker_keywords={"isolate": settings.parse_bool, "kill_at": settings.parse_optional_size}
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -130,6 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     isolation = TfmemIsolation(config)
     config.pluginmanager.register(isolation, "tfmem-isolation")
+    manager(config).add_summary(Summary.ISOLATE, isolation.write_summary)
     if role.writes_session_outputs:
         isolation.warn_about_global_limits()
 
@@ -199,7 +202,7 @@ class TfmemIsolation:
                 self._auto_reasons, self.auto_note = tests_to_isolate(journal)
         return self._auto_reasons
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which starts the workers handed this reading
     def pytest_sessionstart(self) -> None:
         if self.auto:
             self.auto_reasons()
@@ -225,7 +228,7 @@ class TfmemIsolation:
             if message:
                 self.config.issue_config_time_warning(MemoryLimitWarning(message), stacklevel=2)
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(trylast=True)  # after pytest's and other plugins' selection: only tests that run
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
             arguments = item.stash.get(ARGUMENTS, {})
@@ -238,7 +241,7 @@ class TfmemIsolation:
 
     # -- the isolated protocol -----------------------------------------------------------
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own loop runs the first test
     def pytest_runtestloop(self, session: pytest.Session) -> None:
         """Start the template before the first test, when a test will be isolated (or may run
         in a replacement process, with a session limit) and the template can be a fork of this
@@ -259,7 +262,7 @@ class TfmemIsolation:
         if self.watch is not None or any(self.policy_for(item) for item in session.items):
             self._launcher().prepare(self._template_dir)
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # instead of pytest's own runner (first result wins)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
         policy = self.policy_for(item)
         delegate = policy is None and self.watch is not None and self.watch.crossing is not None
@@ -483,8 +486,7 @@ class TfmemIsolation:
         if self.limit_summary is not None:
             self.limit_summary.read(report)
 
-    @pytest.hookimpl
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+    def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         isolated_records = self.isolated_records
         if self.auto:
             terminalreporter.write_sep("=", f"tfmem: {ISOLATE.cli}={AUTO}")

@@ -69,7 +69,7 @@ class ReplacementRun(TestEvents):
         config.pluginmanager.register(self, "tfmem-replacement")
         config.pluginmanager.register(self.watch, "tfmem-replacement-limit")
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own main, which runs the session
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         """A spawned replacement (the plugin is registered before configuring)."""
         single_test_options(config, self.spec.session, self.spec.basetemp)
@@ -79,13 +79,13 @@ class ReplacementRun(TestEvents):
     def pytest_tfmem_measure_all(self) -> bool:
         return True  # as in the session, which has a limit
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own setup, which expects the previous test's state finished
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         """Finish what the previous test kept for a next test that the session ran elsewhere
         (isolated), as pytest's own setup expects; an error there is this test's setup error."""
         pytest_internals.teardown_exact(item, item)
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # instead of pytest's own loop (first result wins)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         quiet_terminal(session.config)
         items = {item.nodeid: item for item in session.items}

@@ -142,11 +142,11 @@ class TemplateRun:
         self.collect_cost = 0.0  # seconds of the full collection before forking
         self.exitstatus = 0
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own main, which runs the session
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         single_test_options(config, self.spec.session, self.spec.basetemp)
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own collection, which only a fork goes on to
     def pytest_collection(self, session: pytest.Session) -> None:
         """Serve fork requests; return (to pytest's own collection) only in a fork.
 
@@ -217,7 +217,7 @@ class TemplateRun:
     def pytest_sessionfinish(self, exitstatus: int) -> None:
         self.exitstatus = int(exitstatus)
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(trylast=True)  # after every other plugin's (pytest's own included) unconfigure
     def pytest_unconfigure(self) -> None:
         """A fork ends once its session is finished and configured away: what pytest would
         do next (collect all garbage five times over, run the template's exit handlers) only

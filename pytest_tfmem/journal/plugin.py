@@ -161,7 +161,7 @@ class TfmemJournal:
         self.readings = ReadingsThread(journal, self.worker)
         self.readings.start()
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(trylast=True)  # after pytest's and other plugins' selection (-k, -m, deselect)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         if self.journal is not None or not processes.role(self.config).runs_tests:
             return
@@ -202,7 +202,7 @@ class TfmemJournal:
         }
         self.journal.append(entry, sync=True)
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(trylast=True)  # after the other plugins' end of session (pytest-xdist's workers)
     def pytest_sessionfinish(self, exitstatus: int) -> None:
         if self.readings is not None:
             self.readings.stop()

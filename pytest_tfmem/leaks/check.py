@@ -189,6 +189,8 @@ def leak_check(
     )
 
 
+# Process-wide on purpose: gc.freeze() is the interpreter's, not a session's, so whether a leak
+# check holds it is too (a check nested in another, in any session or none, must leave it alone).
 _running_checks = 0
 
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Generator
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
+from pytest_tfmem.core import features
+from pytest_tfmem.core.features import CallStep, Step
 from pytest_tfmem.core.fixture import FIXTURE_TYPE
 from pytest_tfmem.core.handoffs import LeakHandoff, put_on
 from pytest_tfmem.core.manager import manager
@@ -32,12 +35,12 @@ ARGUMENTS = pytest.StashKey[tuple[int, int, int]]()
 REPORT = pytest.StashKey[leaks.LeakReport]()
 
 
-def pytest_tfmem_measuring_markers() -> list[str]:
-    return [MARKER]
+TFMEM_DECLARATIONS = features.Declarations(measuring_markers=(MARKER,))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[FIXTURE_TYPE] = LeakCheckingFixture  # ``tfmem.leak_check``, ``tfmem.assert_no_leak``
+    manager(config).add_step(CallStep(Step.LEAKS, repeat_marked_body))
     config.addinivalue_line(
         "markers",
         f"{MARKER}(iterations={leaks.DEFAULT_ITERATIONS}, warmup={leaks.DEFAULT_WARMUP}, "
@@ -79,13 +82,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.stash[ARGUMENTS] = arguments
 
 
-@pytest.hookimpl(wrapper=True, trylast=True)  # inside the core's measurement
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+@contextmanager
+def repeat_marked_body(item: pytest.Item) -> Iterator[None]:
     """Make a marked test's body run repeatedly: a function with its fixture values (set up
-    once), a ``unittest.TestCase`` method between one ``setUp`` and one ``tearDown``."""
+    once), a ``unittest.TestCase`` method between one ``setUp`` and one ``tearDown``
+    (``Step.LEAKS``: inside the measurement)."""
     arguments = item.stash.get(ARGUMENTS, None)
     if arguments is None:
-        return (yield)
+        yield
+        return
     if not isinstance(item, pytest.Function):
         pytest.fail(f"@pytest.mark.{MARKER} repeats test functions and unittest.TestCase methods, "
                     f"not a {type(item).__name__}", pytrace=False)
@@ -103,7 +108,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
     item.obj = repeated  # what pytest calls: with the fixture values, or from unittest's run
     try:
-        return (yield)
+        yield
     finally:
         item.obj = function
 

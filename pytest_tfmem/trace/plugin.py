@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core import features, processes, settings
 from pytest_tfmem.core.failsafe import warn_instead
+from pytest_tfmem.core.features import CallStep, Step, Summary
 from pytest_tfmem.core.handoffs import TraceHandoff, put_on
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
-from pytest_tfmem.core.rerun import Rerun, RerunResult
+from pytest_tfmem.core.rerun import Rerun, RerunResult, RerunUse
 from pytest_tfmem.core.verdict import describe_views
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.trace import dirs as tracedirs
@@ -100,12 +102,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, TRACE_OPTIONS)
 
 
-def pytest_tfmem_marker_keywords() -> dict[str, Callable[[object, str], Any]]:
-    return {"trace": parse_marker_mode}
+TFMEM_DECLARATIONS = features.Declarations(marker_keywords={"trace": parse_marker_mode})
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TracePlugin(config), "tfmem-trace")
+    trace = TracePlugin(config)
+    config.pluginmanager.register(trace, "tfmem-trace")
+    step = CallStep(Step.TRACE, trace.trace_own_run, profiles=trace.traces_own_run, sections=trace.report_sections)
+    manager(config).add_step(step)
+    manager(config).add_summary(Summary.TRACE, trace.write_summary)
 
 
 class TracePlugin:
@@ -143,42 +148,40 @@ class TracePlugin:
     def _shown(self, path: Path) -> str:
         return tracedirs.display_path(path, self.config.invocation_params.dir)
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
-        """``always``: trace the test's own run, outside its measurement."""
-        if not manager(self.config).is_measured(item) or self.mode_for(item) != ALWAYS:
-            return (yield)
-        directory = self._new_directory(item)
+    def traces_own_run(self, item: pytest.Item) -> bool:
+        """``always``: the profiler runs over a measured test's own run."""
+        return manager(self.config).is_measured(item) and self.mode_for(item) == ALWAYS
+
+    @contextmanager
+    def trace_own_run(self, item: pytest.Item) -> Iterator[None]:
+        """``always``: trace the test's own run, outside its measurement (``Step.TRACE``)."""
+        directory = self._new_directory(item) if self.traces_own_run(item) else None
         if directory is None:
-            return (yield)
+            yield
+            return
         capture = None
         try:
             with capturing(directory) as capture:
-                return (yield)
+                yield
         finally:
             if capture is not None:
                 with warn_instead(item, INCOMPLETE):
                     self._finish(item, capture, None)
 
-    def pytest_tfmem_profiles(self, item: pytest.Item, rerun: Rerun | None) -> bool:
-        """The profiler runs over the test's own run in ``always`` mode, over the re-run it asked for."""
-        if rerun is not None:
-            return RERUN_LABEL in rerun.wanted_by
-        return manager(self.config).is_measured(item) and self.mode_for(item) == ALWAYS
-
-    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> str | None:
+    def pytest_tfmem_rerun_wanted(self, item: pytest.Item, record: TestRecord) -> RerunUse | None:
         """``on-failure``: a test that failed a tfmem check is traced in its re-run (not one marked
         ``xfail``: an expected failure is not re-run; trace it with ``always``)."""
         if self.mode_for(item) == ON_FAILURE and item.get_closest_marker("xfail") is None:
-            return RERUN_LABEL
+            return RerunUse(Step.TRACE, RERUN_LABEL, lambda rerun: self._trace_rerun(item, rerun), profiles=True)
         return None
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_tfmem_rerun(self, item: pytest.Item, rerun: Rerun) -> Generator[None, None, None]:
+    @contextmanager
+    def _trace_rerun(self, item: pytest.Item, rerun: Rerun) -> Iterator[None]:
         """The re-run under the profiler and the memory timeline."""
-        directory = self._new_directory(item) if RERUN_LABEL in rerun.wanted_by else None
+        directory = self._new_directory(item)
         if directory is None:
-            return (yield)
+            yield
+            return
         with capturing(directory) as capture:
             yield
         with warn_instead(item, INCOMPLETE):
@@ -227,7 +230,7 @@ class TracePlugin:
             put_on(record, handoff, info)
             publish(item, record)
 
-    def pytest_tfmem_report_sections(self, item: pytest.Item) -> list[tuple[str, str]] | None:
+    def report_sections(self, item: pytest.Item, record: TestRecord) -> list[tuple[str, str]] | None:
         info = item.stash.get(TRACE, None)
         return [(SECTION, "\n".join(section_lines(info)))] if info is not None else None
 
@@ -242,7 +245,7 @@ class TracePlugin:
         except OSError:  # another session rotating at the same time; the next run tidies up
             pass
 
-    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+    def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         traced = [(r, trace) for r in manager(self.config).records if (trace := TraceHandoff.of(r)) is not None]
         if not traced:
             return

@@ -89,7 +89,7 @@ def plan(config: pytest.Config, cpus: int) -> WorkerFit | None:
     return fit
 
 
-@pytest.hookimpl(tryfirst=True, optionalhook=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before pytest-xdist's own answer (first result wins)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """pytest-xdist asks how many workers ``-n auto`` starts: as many as fit, with the option."""
     if probing(config) or not _opted_in(config):

@@ -108,7 +108,7 @@ class Probe:
         self.session = session
         self._t0 = time.monotonic()
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True)  # before pytest's own main, which runs the session
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         processes.enter_child(config, self.session)  # -n auto here starts no probe of its own
         override_options(config, _PROBE_OPTIONS)
@@ -117,7 +117,7 @@ class Probe:
         config = session.config
         tfmem_manager = manager(config)
         tests = [
-            ProbedTest(item.nodeid, tfmem_manager.budget_for(item), config.hook.pytest_tfmem_known_peak(item=item))
+            ProbedTest(item.nodeid, tfmem_manager.budget_for(item), tfmem_manager.known_peak(item))
             for item in session.items
         ]
         tfmem_manager.prepare_tensorflow()  # as a worker does before its first measured test
