@@ -32,7 +32,7 @@ from typing import Any
 
 import psutil
 
-from pytest_tfmem.core.processes import Session
+from pytest_tfmem.core.sessions import Session
 from pytest_tfmem.journal.format import DEFAULT_PATH, JournalFile, reading_due
 from pytest_tfmem.probes import nvml as nvml_probe, system
 from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
