@@ -1,17 +1,22 @@
 """What ``tfmem run`` costs a script: the same script with and without it, at the same time, on one core.
 
-    python benchmarks/run_overhead.py                 # about 2 minutes on 2 cores
+    python benchmarks/run_overhead.py                 # about 3 minutes on 2 cores
     python benchmarks/run_overhead.py --repeat 1 --epochs 2
 
 Each workload runs as ``python script.py`` and as ``tfmem run script.py`` **at the same time,
 pinned to the same core** (TensorFlow's and OpenMP's thread pools set to one thread), as
-``suite_overhead.py`` does: whatever slows the core slows both alike, so the ratio of their CPU
-times (user + system, ``os.wait4``: ``tfmem run``'s includes the script it runs, its watchdog
-and the agent's thread) is what ``tfmem run`` adds. The ratios are the medians of the pairs'.
+``suite_overhead.py`` does: whatever slows the core slows both alike. What is compared is the
+total CPU time of each side (user + system, ``os.wait4``): ``tfmem run``'s includes its own
+process (its start, the watchdog's thread), the script it runs and the agent's thread, so
+it is what a user pays, wherever it is spent. Wall time is not: on a shared core the side with
+more threads to run gets more of the core. The figures are the medians of the pairs'.
 
 - ``keras``: a small Keras model trained for ``--epochs`` epochs (TensorFlow imported, its
-  allocator read by the agent ten times a second);
-- ``numpy``: NumPy arithmetic in a Python loop (the agent's thread competes for the GIL).
+  allocator read by the agent ten times a second, the tree by the watchdog every 50 ms);
+- ``keras --kill-at``: the same with a ``--kill-at`` it never reaches (the watchdog reads
+  every 20 ms);
+- ``numpy``: NumPy arithmetic in a Python loop (the agent's thread competes for the GIL), a
+  second or so: ``tfmem run``'s own start is most of its difference.
 
 It also prints what the agent adds to the script's own peak: the high-water mark of a script
 that only imports NumPy, without and with ``tfmem run`` (from ``--report``).
@@ -65,21 +70,22 @@ for line in open("/proc/self/status"):
 """
 
 
-def start(script: Path, args: list[str], with_tfmem: bool, core: int,
-          report: Path | None = None) -> subprocess.Popen[bytes]:
+def start(script: Path, args: list[str], with_tfmem: bool, core: int, report: Path | None = None,
+          options: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     python_path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
     environment = {**os.environ, "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3"}
     tfmem = [sys.executable, "-m", "pytest_tfmem.cli.main", "run", "--results", str(script.parent / "results.jsonl")]
     if report is not None:
         tfmem += ["--report", str(report)]
+    tfmem += options
     command = [*(tfmem if with_tfmem else [sys.executable]), str(script), *args]
     return subprocess.Popen(command, cwd=script.parent, env=environment, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
 
 
-def cpu_pair(script: Path, args: list[str], core: int) -> tuple[float, float]:
-    """CPU seconds of the script without and with ``tfmem run``, run together on ``core``."""
-    started = {start(script, args, with_tfmem, core).pid: with_tfmem for with_tfmem in (False, True)}
+def cpu_pair(script: Path, args: list[str], core: int, options: tuple[str, ...] = ()) -> tuple[float, float]:
+    """CPU seconds of the script without and with ``tfmem run OPTIONS``, run together on ``core``."""
+    started = {start(script, args, with_tfmem, core, options=options).pid: with_tfmem for with_tfmem in (False, True)}
     seconds: dict[bool, float] = {}
     while started:
         pid, status, usage = os.wait4(-1, 0)
@@ -110,16 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tfmem-run-bench-") as folder:
         directory = Path(folder)
-        print(f"{'workload':<8} {'without s':>10} {'with s':>10} {'ratio':>7}   (CPU seconds, median of "
-              f"{options.repeat} pairs on core {options.core})")
-        for name, code in (("keras", KERAS), ("numpy", NUMPY)):
-            script = directory / f"workload_{name}.py"  # not keras.py: it would shadow the package
+        print(f"{'workload':<16} {'without s':>10} {'with s':>10} {'ratio':>7}   (CPU seconds of each side, median "
+              f"of {options.repeat} pairs on core {options.core})")
+        workloads = (("keras", KERAS, ()), ("keras --kill-at", KERAS, ("--kill-at", "64GiB")), ("numpy", NUMPY, ()))
+        for name, code, tfmem_options in workloads:
+            script = directory / f"workload_{name.split()[0]}.py"  # not keras.py: it would shadow the package
             script.write_text(code)
-            pairs = [cpu_pair(script, [str(options.epochs)], options.core) for _ in range(options.repeat)]
+            arguments = [str(options.epochs)]
+            pairs = [cpu_pair(script, arguments, options.core, tfmem_options) for _ in range(options.repeat)]
             ratio = statistics.median(with_ / without for without, with_ in pairs)
             without_s = statistics.median(without for without, _ in pairs)
             with_s = statistics.median(with_ for _, with_ in pairs)
-            print(f"{name:<8} {without_s:>10.2f} {with_s:>10.2f} {ratio:>7.3f}")
+            print(f"{name:<16} {without_s:>10.2f} {with_s:>10.2f} {ratio:>7.3f}", flush=True)
         without, with_agent = agent_peak(directory)
         print(f"a script importing NumPy: high-water mark {without / 2**20:.1f} MiB without, "
               f"{with_agent / 2**20:.1f} MiB with tfmem run's agent (+{(with_agent - without) / 2**20:.1f} MiB)")

@@ -337,3 +337,17 @@ def test_the_agent_loads_no_pytest_into_the_script(tmp_path: Path):
     )
     done = tfmem_run(tmp_path, "modules.py")
     assert done.returncode == 0 and done.stdout == "[]\n", done.stderr
+
+
+def test_the_tfmem_command_starts_without_pytest():
+    """``tfmem run``'s start is part of every run's cost: neither the command nor the run imports pytest."""
+    code = (
+        "import sys, pytest_tfmem.cli.main as cli, pytest_tfmem.run.command\n"
+        "print('pytest' in sys.modules, '_pytest' in sys.modules)\n"
+        "from pytest_tfmem.gates.merge import PREFER_RULES\n"
+        "merge = next(c for c in cli.COMMANDS if c.name == 'merge')\n"
+        "prefer = next(a for a in merge.arguments if a.names[0] == '--prefer')\n"
+        "print(tuple(prefer.options['choices']) == PREFER_RULES)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False", "True"], done.stdout + done.stderr

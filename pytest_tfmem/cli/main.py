@@ -13,7 +13,8 @@ bad option value, shards that measured a test differently and no ``--prefer``). 
 exits with the code of what it ran (``run.command``).
 
 Each subcommand is a ``Command`` in ``COMMANDS``: its name, the ``run_*`` function that
-runs it, its help and its arguments; adding one is adding a ``Command``.
+runs it, its help and its arguments; adding one is adding a ``Command``. Each ``run_*`` imports
+what it needs itself, so ``tfmem run`` starts without pytest and the report code.
 """
 
 from __future__ import annotations
@@ -23,35 +24,16 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem.core.settings import parse_positive_int
-from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.files import FileFormatError
-from pytest_tfmem.gates.baseline import load_baseline, save_baseline
-from pytest_tfmem.gates.compare import (
-    IMPROVEMENT,
-    NEW,
-    REGRESSION,
-    WITHIN,
-    Comparison,
-    compare,
-    comparisons_from_record,
-    not_run_note,
-)
-from pytest_tfmem.gates.environment import environment_differences
-from pytest_tfmem.gates.merge import PREFER_RULES, MergeConflict, merge_shards, read_shard
-from pytest_tfmem.gates.reports import (
-    SessionReport,
-    comparison_markdown,
-    comparison_rows,
-    counts_sentence,
-    load_report,
-    sort_comparisons,
-    summary_counts,
-)
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import SIZE_FORMS, parse_size
+
+if TYPE_CHECKING:
+    from pytest_tfmem.gates.compare import Comparison
+    from pytest_tfmem.gates.reports import SessionReport
 
 EXIT_OK = 0
 EXIT_REGRESSION = 1
@@ -138,6 +120,12 @@ def _tolerance_for(record_extra: dict[str, Any], report: SessionReport, chosen: 
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from pytest_tfmem.core.summary import render_table
+    from pytest_tfmem.gates.baseline import load_baseline
+    from pytest_tfmem.gates.compare import IMPROVEMENT, NEW, REGRESSION, WITHIN, compare, not_run_note
+    from pytest_tfmem.gates.environment import environment_differences
+    from pytest_tfmem.gates.reports import comparison_markdown, comparison_rows, load_report, sort_comparisons
+
     baseline = _load(load_baseline, args.baseline)
     report = _load(load_report, args.report)
     comparisons: list[Comparison] = []
@@ -175,6 +163,16 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from pytest_tfmem.core.summary import render_table, summary_rows
+    from pytest_tfmem.gates.compare import IMPROVEMENT, REGRESSION, comparisons_from_record
+    from pytest_tfmem.gates.reports import (
+        comparison_rows,
+        counts_sentence,
+        load_report,
+        sort_comparisons,
+        summary_counts,
+    )
+
     report = _load(load_report, args.report)
     environment = ", ".join(
         f"{key} {value}" for key, value in sorted(report.environment.items()) if value not in (None, [])
@@ -197,6 +195,10 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_plot(args: argparse.Namespace) -> int:
+    from pytest_tfmem.gates.baseline import load_baseline
+    from pytest_tfmem.gates.compare import REGRESSION, comparisons_from_record
+    from pytest_tfmem.gates.reports import load_report
+
     try:
         import matplotlib  # noqa: F401
 
@@ -283,6 +285,9 @@ program; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to tfmem run are passed on to
 
 
 def run_merge(args: argparse.Namespace) -> int:
+    from pytest_tfmem.gates.baseline import save_baseline
+    from pytest_tfmem.gates.merge import MergeConflict, merge_shards, read_shard
+
     shards = [_load(read_shard, path) for path in args.inputs]
     try:
         merged = merge_shards(shards, args.prefer)
@@ -406,7 +411,8 @@ COMMANDS = [
             argument("-o", "--output", required=True, metavar="BASELINE", help="the baseline file to write"),
             argument(
                 "--prefer",
-                choices=PREFER_RULES,
+                # gates.merge.PREFER_RULES, not imported here: it brings pytest (tests/test_run.py checks)
+                choices=("first", "last", "max", "min"),
                 help="which input wins a test measured differently by several: the first or last named, "
                 "or the highest or lowest peak (default: refuse)",
             ),

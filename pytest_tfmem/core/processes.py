@@ -17,11 +17,12 @@ from __future__ import annotations
 import enum
 import os
 import time
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import psutil
 import pytest
+
+from pytest_tfmem.core.sessions import Session
 
 _WORKER_INPUT_KEY = "tfmem_session"
 
@@ -40,31 +41,6 @@ class Role(enum.Enum):
     @property
     def runs_tests(self) -> bool:
         return self is not Role.CONTROLLER
-
-
-@dataclass(frozen=True)
-class Session:
-    """The session every process of it serves (the main process's figures)."""
-
-    started: float  # time.time() when the main process made it
-    pid: int
-    pid_created: float  # the main process's start time (tells a reused pid apart)
-    rootdir: str
-    args: tuple[str, ...]  # the main process's command-line arguments
-
-    @property
-    def id(self) -> str:
-        """``18c9f0a3b2e-4242``: the start in milliseconds (hex) and the pid."""
-        return f"{int(self.started * 1000):x}-{self.pid}"
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["args"] = list(self.args)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Session:
-        return cls(**{**data, "args": tuple(data["args"])})
 
 
 _SESSION = pytest.StashKey[Session]()

@@ -19,11 +19,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem.units import SIZE_FORMS, parse_size
+
+if TYPE_CHECKING:  # pytest is imported only where pytest runs: ``tfmem`` commands start without it
+    import pytest
 
 MARKER = "tfmem"
 
@@ -110,6 +111,8 @@ def add_options(parser: pytest.Parser, options: list[Option]) -> None:
 
 def read_option(config: pytest.Config, option: Option) -> tuple[Any, bool]:
     """The option's parsed value (command line, else ini, else default) and whether it was set."""
+    import pytest
+
     raw = config.getoption(option.ini, default=None)  # False (--no-tfmem-NAME) is set, too
     source, base = option.cli, config.invocation_params.dir
     if raw is None:
@@ -184,6 +187,8 @@ def marker_arguments(item: pytest.Item, keywords: dict[str, Callable[[object, st
 
     Raises ``pytest.UsageError`` naming the test, the bad argument and the accepted forms.
     """
+    import pytest
+
     arguments: dict[str, Any] = {}
     for mark in reversed(list(item.iter_markers(MARKER))):
         if mark.args:

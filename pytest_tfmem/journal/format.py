@@ -26,13 +26,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem import files
 from pytest_tfmem.core import settings
 from pytest_tfmem.files import DIRECTORY
+
+if TYPE_CHECKING:  # pytest is imported only where pytest runs: ``tfmem`` commands start without it
+    import pytest
 
 DEFAULT_PATH = Path(DIRECTORY) / "results.jsonl"  # under the rootdir
 SAMPLE_INTERVAL_S = 0.1  # how often the running test's process tree is read

@@ -21,14 +21,24 @@ from pytest_tfmem.probes.sampler import Sampler
 _CLEAR_REFS = "/proc/self/clear_refs"
 
 
-def _status_bytes(key: bytes, pid: int | str, status_file: str | None = None) -> int | None:
-    """One ``/proc/PID/status`` field given in kB (``VmRSS``, ``VmHWM``), in bytes; ``None``
-    when the process has no such line (a zombie has no memory left to describe)."""
+def _status_fields(keys: tuple[bytes, ...], pid: int | str, status_file: str | None = None) -> dict[bytes, int]:
+    """``/proc/PID/status`` fields given in kB (``VmRSS:``, ``VmHWM:``), in bytes, read in one
+    pass; a field the process has no line for is left out (a zombie has no memory left to
+    describe)."""
+    found = {}
     with open(status_file or f"/proc/{pid}/status", "rb") as status:
         for line in status:
-            if line.startswith(key):
-                return int(line[len(key) :].split()[0]) * 1024
-    return None
+            for key in keys:
+                if line.startswith(key):
+                    found[key] = int(line[len(key) :].split()[0]) * 1024
+                    if len(found) == len(keys):
+                        return found
+    return found
+
+
+def _status_bytes(key: bytes, pid: int | str, status_file: str | None = None) -> int | None:
+    """One ``/proc/PID/status`` field given in kB, in bytes; ``None`` when the process has no such line."""
+    return _status_fields((key,), pid, status_file).get(key)
 
 
 def high_water_mark(pid: int | None = None) -> int | None:
@@ -39,6 +49,19 @@ def high_water_mark(pid: int | None = None) -> int | None:
         return _status_bytes(b"VmHWM:", "self" if pid is None else pid)
     except (OSError, ValueError):
         return None
+
+
+def resident_and_high_water_mark(pid: int) -> tuple[int, int] | None:
+    """Another process's RSS and high-water mark (bytes), from one read of ``/proc/PID/status``
+    (a watchdog reads both of each watched process every few milliseconds); ``None`` once it
+    has ended (a zombie) or is gone."""
+    try:
+        fields = _status_fields((b"VmRSS:", b"VmHWM:"), pid)
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 2:
+        return None
+    return fields[b"VmRSS:"], fields[b"VmHWM:"]
 
 
 def _load_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]

@@ -3,7 +3,7 @@
     python .../pytest_tfmem/run/agent.py READINGS (SCRIPT | -m MODULE) [ARGS...]
 
 It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -m MODULE``)
-would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them (``runpy``). It is
+would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is
 run by its path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest
 into the script's process (13 MiB and a tenth of a second here), and the script's figures
 would include them. Of pytest-tfmem it loads only ``probes/sampler.py`` and ``probes/tf.py``,
@@ -28,7 +28,6 @@ import atexit
 import importlib.util
 import json
 import os
-import runpy
 import sys
 import sysconfig
 import threading
@@ -169,23 +168,42 @@ class Agent:
 
 
 def _run(argv: list[str]) -> None:
-    """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``python`` would, as ``__main__``."""
+    """Run ``SCRIPT ARGS`` or ``-m MODULE ARGS`` as ``python`` would, as ``__main__``.
+
+    Not through ``runpy``: its frames are frozen (``<frozen runpy>``), and for each frame of a
+    file that no module in ``sys.modules`` holds, ``inspect.stack()`` scans all of
+    ``sys.modules``; TensorFlow's and Keras's imports call it often enough that ``import
+    tensorflow`` took 0.1 s of CPU more under ``runpy``. For the same reason this module stays
+    in ``sys.modules`` (as ``_tfmem_agent``) once the script is ``__main__``.
+    """
     sys.excepthook = _from_the_scripts_first_frame(sys.excepthook)
+    sys.modules["_tfmem_agent"] = sys.modules[__name__]
+    main = ModuleType("__main__")
     if argv[0] == "-m":
-        sys.argv = argv[1:]
         sys.path[0] = os.getcwd()
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        return
-    script = os.path.abspath(argv[0])
-    sys.argv = argv
-    sys.path[0] = os.path.dirname(script)
-    runpy.run_path(script, run_name="__main__")
+        spec = importlib.util.find_spec(argv[1])
+        if spec is not None and spec.submodule_search_locations is not None:  # a package: its __main__
+            spec = importlib.util.find_spec(f"{argv[1]}.__main__")
+        if spec is None or spec.loader is None or spec.origin is None:
+            raise SystemExit(f"{sys.executable}: No module named {argv[1]}")
+        code = spec.loader.get_code(spec.name)  # type: ignore[attr-defined]
+        main.__file__, main.__spec__, main.__loader__, main.__package__ = spec.origin, spec, spec.loader, spec.parent
+        sys.argv = [spec.origin, *argv[2:]]
+    else:
+        script = os.path.abspath(argv[0])
+        with open(script, "rb") as source:
+            code = compile(source.read(), script, "exec")
+        main.__file__ = script
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(script)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def _from_the_scripts_first_frame(hook: Any) -> Any:
     """An ``excepthook`` printing a traceback as ``python SCRIPT`` would: without the agent's
-    and ``runpy``'s frames above the script's first one."""
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    frames above the script's first one."""
+    ours = {os.path.abspath(__file__)}
 
     def print_from_the_script(kind: type[BaseException], error: BaseException, tb: Any) -> None:
         while tb is not None and tb.tb_next is not None and (

@@ -32,14 +32,15 @@ from typing import Any
 
 import psutil
 
-from pytest_tfmem.core.processes import Session
+from pytest_tfmem.core.sessions import Session
 from pytest_tfmem.journal.format import DEFAULT_PATH, JournalFile, reading_due
 from pytest_tfmem.probes import nvml as nvml_probe, system
 from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
 from pytest_tfmem.run import summary
 
 AGENT = Path(__file__).resolve().parent / "agent.py"
-WATCH_INTERVAL_S = 0.05  # isolated tests: 0.02; a long script pays for each reading for longer
+WATCH_INTERVAL_S = 0.05  # a long script pays for each reading for longer
+KILL_AT_INTERVAL_S = 0.02  # with --kill-at, as for isolated tests: a fast script passes the limit by less
 NVML_INTERVAL_S = 0.05
 PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 IGNORED = (signal.SIGINT, signal.SIGQUIT)
@@ -112,6 +113,11 @@ class RunOptions:
     plot: Path | None = None
     results: Path | None = None  # the journal (default .tfmem/results.jsonl here)
     pynvml: Any = None  # the pynvml module (a stand-in in tests); None: import it if installed
+
+    @property
+    def watch_interval_s(self) -> float:
+        """How often the watchdog reads the tree: more often when it is to kill at a limit."""
+        return WATCH_INTERVAL_S if self.kill_at is None else KILL_AT_INTERVAL_S
 
 
 class RunJournal:
@@ -234,7 +240,7 @@ def run(target: Target, options: RunOptions) -> summary.RunSummary:
                 journal.reading(elapsed, rss, tail.poll)
 
         with _signals_passed_to(process) as passed:
-            result = Watchdog(process, options.kill_at, WATCH_INTERVAL_S, on_reading).wait()
+            result = Watchdog(process, options.kill_at, options.watch_interval_s, on_reading).wait()
         gpu_peaks: dict[str, int] = {}
         if gpu_sampler is not None and gpu is not None:
             gpu_sampler.stop()
@@ -277,7 +283,7 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
     return summary.RunSummary(
         command=target.label, kind=target.kind, returncode=result.returncode, exit_code=exit_code,
         duration_s=result.elapsed_s, peak=peak, high_water_marks=marks, script_pid=pid,
-        sampled_peak=result.peak_rss, interval_s=WATCH_INTERVAL_S, tf_peaks=tf_peaks, host_share=host_share,
+        sampled_peak=result.peak_rss, interval_s=options.watch_interval_s, tf_peaks=tf_peaks, host_share=host_share,
         gpu_peaks=gpu_peaks, budget=options.budget, kill_at=options.kill_at, gpu_budget=options.gpu_budget,
         verdicts=tuple(verdicts), death=death, place_at_peak=place_at_peak,        advice=tuple(advice),
         timeline=result.timeline, tf_timeline=agent.tf_timeline(started),
