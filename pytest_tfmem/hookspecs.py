@@ -97,6 +97,15 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
 
 
 @pytest.hookspec
+def pytest_tfmem_check_retained(item: pytest.Item, record: TestRecord) -> Verdict | None:
+    """Return a verdict on what a measured test left behind (``record.retained``), or ``None``.
+
+    Asked after the test's teardown (a limit on what stays, a baseline's retained figure); a
+    failed verdict fails the test as an error at its teardown.
+    """
+
+
+@pytest.hookspec
 def pytest_tfmem_rerun_wanted(item: pytest.Item, record: TestRecord) -> str | None:
     """The test failed a tfmem check: return what a re-run of its body would give (e.g. ``"the
     TensorBoard trace"``) to ask for one, or ``None``.

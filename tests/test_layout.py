@@ -42,7 +42,8 @@ PACKAGE_FILES = sorted(path for path in PACKAGE.rglob("*.py") if path != PACKAGE
 
 def test_the_features_are_the_expected_subpackages():
     assert FEATURES == [
-        "cli", "core", "explain", "gates", "gpu", "html", "isolate", "journal", "leaks", "probes", "run", "trace", "workers"
+        "cli", "core", "explain", "gates", "gpu", "html", "isolate", "journal", "leaks", "probes", "run", "session",
+        "trace", "workers",
     ]
     assert len([path for path in PACKAGE.glob("*.py")]) <= 12  # a short top level
 

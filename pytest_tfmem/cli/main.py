@@ -144,7 +144,9 @@ def run_compare(args: argparse.Namespace) -> int:
     for record in report.tests:
         if record.measurement is not None:
             tolerance = _tolerance_for(record.extra, report, args.tolerance)
-            comparisons += compare(record.nodeid, record.measurement, baseline.tests.get(record.nodeid), tolerance)
+            retained = record.retained.bytes if record.retained is not None else None
+            entry = baseline.tests.get(record.nodeid)
+            comparisons += compare(record.nodeid, record.measurement, entry, tolerance, retained)
     notes = []
     differences = environment_differences(baseline.environment, report.environment, current_label="in the report")
     if differences:
