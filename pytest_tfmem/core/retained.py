@@ -31,6 +31,7 @@ from pytest_tfmem.probes.tf import TFAllocator
 from pytest_tfmem.units import format_size
 
 TEST, FIXTURE, IMPORT, RUNTIME = "test", "fixture", "first import", "runtime"
+NOTABLE_RETAINER = 2**20  # a retainer that left (or held) less is not listed among the top
 
 
 @dataclass(frozen=True)
@@ -297,9 +298,9 @@ class SessionAccount:
         figures = [p.cleared for p in self.processes if p.cleared is not None]
         return sum(figures) if figures else None
 
-    def top_retainers(self, count: int) -> list[Retainer]:
-        """Who had left the most, over every process."""
-        every = [r for process in self.processes for r in process.retainers()]
+    def top_retainers(self, count: int, at_least: int = NOTABLE_RETAINER) -> list[Retainer]:
+        """Who had left the most (or, for a fixture, held), at least ``at_least``, over every process."""
+        every = [r for p in self.processes for r in p.retainers() if max(r.bytes, r.held or 0) >= at_least]
         return sorted(every, key=lambda r: (-max(r.bytes, r.held or 0), r.name))[:count]
 
     def to_dict(self) -> dict[str, Any] | None:

@@ -18,6 +18,9 @@ from pytest_tfmem.units import format_size
 
 SECTION = "baseline"  # key of the comparison in ``TestRecord.extra``
 RETAINED = "retained"  # the quantity of what a test left behind
+# What a test leaves behind moves by a few pages from run to run (the allocator's own state,
+# pytest's reports): whatever the tolerance, a retained figure may move this much.
+RETAINED_NOISE = 4 * 2**20
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 WITHIN = "within tolerance"
@@ -48,7 +51,10 @@ class Comparison:
 
     @property
     def allowance(self) -> float | None:
-        return None if self.baseline is None else self.tolerance.allowance(self.baseline)
+        if self.baseline is None:
+            return None
+        allowance = self.tolerance.allowance(self.baseline)
+        return max(allowance, RETAINED_NOISE) if self.quantity == RETAINED else allowance
 
     @property
     def status(self) -> str:

@@ -6,7 +6,6 @@ from pytest_tfmem.core.retained import FIXTURE, IMPORT, RUNTIME, ProcessAccount,
 from pytest_tfmem.units import format_size
 
 NOTABLE_GROWTH = 32 * 2**20  # a session that grew less is not worth a section
-NOTABLE_RETAINER = 2**20  # retainers that left less are not listed
 TOP_RETAINERS = 5
 
 
@@ -42,7 +41,7 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
     lines: list[str] = []
     if grew or always:
         lines += [process_line(process) for process in account.processes]
-    retainers = [r for r in account.top_retainers(top) if max(r.bytes, r.held or 0) >= NOTABLE_RETAINER]
+    retainers = account.top_retainers(top)
     if retainers and (grew or always):
         lines.append("who left the most:")
         for retainer in retainers:
