@@ -9,9 +9,9 @@ session scope set up or torn down there, a first import, TensorFlow's runtime st
 ``Booking`` of its own, left out of the test's figure, so the books still balance.
 
 Two views, so that tensors TensorFlow took back into its pool do not count and tensors still
-alive do: host memory outside TensorFlow's pool (RSS less the pool, estimated as the highest
-level TensorFlow's CPU allocator ever had in use: its pool never shrinks) and TensorFlow's CPU
-allocator in use. A test's headline ``bytes`` is their sum. The RSS growth of the session is
+alive do: host memory outside TensorFlow's pool (RSS less the pool, estimated from the highest
+level TensorFlow's CPU allocator ever had in use: its pool never shrinks; see ``ResidentPool``)
+and TensorFlow's CPU allocator in use. A test's headline ``bytes`` is their sum. The RSS growth of the session is
 the tests' and bookings' figures, plus the growth of the pool's free part (memory TensorFlow
 keeps for reuse), plus what grew between measured tests (tests not measured, ...).
 
@@ -73,6 +73,33 @@ def current_level() -> Level:
     allocator.peak()  # the highest level since the last reset counts towards the pool
     in_use = allocator.current()
     return Level(host.current_rss(), in_use, allocator.pool_estimate)
+
+
+class ResidentPool:
+    """TensorFlow's pool as resident memory, from one boundary reading to the next.
+
+    The allocator's highest level in use overstates what the pool holds in RSS: it counts chunks
+    rounded up, and pages never touched (a 20 MiB tensor raised it by 32 MiB and RSS by 20 MiB).
+    So between two readings the resident pool grows by the rise of that highest level, but by no
+    more than RSS grew; it never shrinks (TensorFlow does not hand its pool back).
+    """
+
+    def __init__(self) -> None:
+        self._highest = 0
+        self._resident = 0
+        self._rss: int | None = None
+
+    def level(self, reading: Level, *, keep: bool = True) -> Level:
+        """``reading`` (whose ``tf_pool`` is the allocator's highest level) with the resident pool;
+        ``keep=False`` leaves the estimate as it was (a look between two boundaries)."""
+        resident = self._resident
+        if reading.tf_pool > self._highest:
+            rise = reading.tf_pool - self._highest
+            resident += rise if self._rss is None else min(rise, max(0, reading.rss - self._rss))
+        if keep:
+            self._highest = max(self._highest, reading.tf_pool)
+            self._resident, self._rss = resident, reading.rss
+        return Level(reading.rss, reading.tf_in_use, resident)
 
 
 def read_level(collect: Callable[[], object]) -> Level:

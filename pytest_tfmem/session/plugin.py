@@ -22,10 +22,20 @@ from typing import Any, Protocol
 
 import pytest
 
-from pytest_tfmem.core import manager as core, processes, settings
+from pytest_tfmem.core import manager as core, measure, processes, settings
 from pytest_tfmem.core.pytest_internals import release_fixture_values
 from pytest_tfmem.core.record import publish, session_account
-from pytest_tfmem.core.retained import FIXTURE, IMPORT, RUNTIME, Booking, Level, Retained, current_level, read_level
+from pytest_tfmem.core.retained import (
+    FIXTURE,
+    IMPORT,
+    RUNTIME,
+    Booking,
+    Level,
+    ResidentPool,
+    Retained,
+    current_level,
+    read_level,
+)
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import TfmemFailure, failure_for
 from pytest_tfmem.probes import host, tf as tf_probe
@@ -133,6 +143,7 @@ class SessionBooks:
         self.watcher = Watcher()
         self.imports: ImportLedger | None = None  # where first imports are booked, once one is installed
         self.last_boundary: Boundary | None = None
+        self._pool = ResidentPool()
         self._level: Level | None = None  # after the last measured test, if the next test is measured
         self._span: _Span | None = None
         self._seq = 0
@@ -142,7 +153,7 @@ class SessionBooks:
         self._torn_down: tuple[pytest.FixtureDef[Any], Level] | None = None
 
     def _read(self) -> Level:
-        level = read_level(core.manager(self.config).collector.collect)
+        level = self._pool.level(read_level(core.manager(self.config).collector.collect))
         if self._torn_down is not None:
             fixturedef, before = self._torn_down
             self._torn_down = None
@@ -160,6 +171,9 @@ class SessionBooks:
         if not (self.keeps_books and manager.is_measured(item)):
             self._level = None  # what this test leaves falls between measured tests
             return (yield)
+        if self._level is None and self.last_boundary is None:
+            manager.trackers()  # the first test's window would start them: not the test's memory
+            measure.probes().trackers()
         before = self._level if self._level is not None else self._read()
         span = _Span(item.nodeid, before, self.watcher.snapshot())
         if manager.prepare_tensorflow():  # TensorFlow was imported since: its runtime starts now
@@ -223,7 +237,7 @@ class SessionBooks:
             return ()
         gc.collect()  # the young objects only: older ones were frozen when the last window opened
         host.return_freed_heap()
-        now = current_level()
+        now = self._pool.level(current_level(), keep=False)
         booked = sum(booking.bytes for booking in span.bookings)
         if now.held - span.before.held - booked <= threshold:
             return ()
