@@ -48,8 +48,16 @@ SUITE = """
     def test_keeps_too_much():
         KEPT.append(np.ones(20 * 2**20 // 8))
 
+    def test_imports_a_module():
+        import heavy_module  # keeps 30 MiB: the import's, not the test's
+
     def test_uses_the_table_last(big_table):
         pass
+"""
+HEAVY_MODULE = """
+import numpy as np
+
+DATA = np.ones(30 * 2**20 // 8)
 """
 
 
@@ -75,6 +83,7 @@ def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     folder = tmp_path_factory.mktemp("session")
     (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
+    (folder / "heavy_module.py").write_text(HEAVY_MODULE)
     done = _run(
         folder, "test_suite.py", "--tfmem-report=report.json", "--tfmem-max-retained=50MB", "--tfmem-clear-session"
     )
@@ -87,7 +96,7 @@ def test_a_test_that_fills_a_module_cache_is_named_with_what_stayed(numpy_run: R
     assert abs(cache["retained_host_bytes"] - 60 * MIB) < NOISE and cache["retained_tf_bytes"] == 0
     stayed = "; ".join(cache["retained"]["stayed"])
     assert "list '_CACHE' (global of test_suite) +1 item: ndarray 60.0 MiB" in stayed
-    for name in ("test_frees_what_it_made", "test_uses_the_table", "test_uses_the_table_last"):
+    for name in ("test_frees_what_it_made", "test_uses_the_table", "test_uses_the_table_last", "test_imports_a_module"):
         assert abs(numpy_run.test(name)["retained_bytes"]) < NOISE, name
         assert numpy_run.test(name)["retained"]["stayed"] == []  # under the threshold: nothing to say
 
@@ -101,16 +110,23 @@ def test_a_module_fixture_is_booked_to_the_fixture_by_name_not_to_tests(numpy_ru
     assert abs(setup["bytes"] - 40 * MIB) < NOISE and abs(teardown["bytes"] + 40 * MIB) < NOISE
 
 
+def test_a_first_import_in_a_test_is_booked_to_the_import(numpy_run: Run):
+    (worker,) = numpy_run.report["session"]["workers"]
+    (heavy,) = [b for b in worker["imports"] if b["name"] == "heavy_module"]
+    assert heavy["test"].endswith("::test_imports_a_module") and abs(heavy["bytes"] - 30 * MIB) < NOISE
+
+
 def test_retained_figures_and_bookings_add_up_to_the_sessions_growth(numpy_run: Run):
     session = numpy_run.report["session"]
     (worker,) = session["workers"]
-    assert worker["worker"] is None and worker["tests"] == 6
+    assert worker["worker"] is None and worker["tests"] == 7
     parts = ("tests_retained_bytes", "fixtures_bytes", "imports_bytes", "runtime_bytes",
              "tf_pool_free_growth_bytes", "between_tests_bytes")  # fmt: skip
     assert session["end_bytes"] - session["start_bytes"] == session["growth_bytes"] == sum(session[p] for p in parts)
     assert session["tests_retained_bytes"] == sum(t["retained_bytes"] for t in numpy_run.report["tests"])
-    # What the suite keeps for good: the cache (60 MiB) and the list (20 MiB), within 4 MiB
-    assert abs(session["growth_bytes"] - 80 * MIB) < 4 * MIB, session["growth_bytes"]
+    # What the suite keeps for good: the cache (60 MiB), the list (20 MiB), the module (30 MiB), within 4 MiB
+    assert abs(session["growth_bytes"] - 110 * MIB) < 4 * MIB, session["growth_bytes"]
+    assert abs(session["imports_bytes"] - 30 * MIB) < NOISE
     assert session["explained_share"] == 1.0  # every test measured: nothing grew between them
 
 
@@ -118,20 +134,20 @@ def test_the_terminal_gives_the_account_and_the_clear_session_line(numpy_run: Ru
     lines = numpy_run.output.splitlines()
     start = lines.index(next(line for line in lines if "tfmem: what the tests left behind" in line))
     section = lines[start + 1 :]
-    assert section[0].startswith("process ") and "over 6 measured tests: tests +" in section[0], section[0]
-    assert "fixtures +" in section[0] and "100% explained" in section[0]
+    assert section[0].startswith("process ") and "over 7 measured tests: tests +" in section[0], section[0]
+    assert "fixtures +" in section[0] and "first imports +30." in section[0] and "100% explained" in section[0]
     assert section[1] == "who left the most:"
     assert section[2].startswith("  test test_suite.py::test_keeps_a_cache +6")
     assert "list '_CACHE' (global of test_suite) +1 item: ndarray 60.0 MiB" in section[2]
     assert any(line.startswith("  fixture big_table (module scope) ") and "held +40.0 MiB" in line for line in section)
-    assert any(line.startswith("--tfmem-clear-session gave back ") and " over 6 tests" in line for line in section)
+    assert any(line.startswith("--tfmem-clear-session gave back ") and " over 7 tests" in line for line in section)
     assert numpy_run.report["session"]["cleared_bytes"] is not None
 
 
 def test_max_retained_fails_the_test_as_an_error_at_its_teardown(numpy_run: Run):
     assert numpy_run.returncode == pytest.ExitCode.TESTS_FAILED
     assert "ERROR at teardown of test_keeps_too_much" in numpy_run.output
-    assert "6 passed, 1 error" in numpy_run.output  # the test passed; its teardown is the error
+    assert "7 passed, 1 error" in numpy_run.output  # the test passed; its teardown is the error
     message = next(line for line in numpy_run.output.splitlines() if "tfmem: retained " in line)
     assert "> max_retained 9.5 MiB after the teardown" in message and "list 'KEPT' (global of test_suite)" in message
     verdicts = {v["check"]: v["ok"] for v in numpy_run.test("test_keeps_too_much")["verdicts"]}
@@ -151,7 +167,7 @@ def test_tfmem_show_lists_the_retained_column_and_plot_session_writes_a_png(nump
         cwd=numpy_run.folder, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert plotted.returncode == 0, plotted.stderr
-    assert plotted.stdout.strip() == "session.png: the process after each of 6 test(s)"
+    assert plotted.stdout.strip() == "session.png: the process after each of 7 test(s)"
     assert (numpy_run.folder / "session.png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -18,7 +18,7 @@ import functools
 import gc
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
@@ -95,21 +95,6 @@ class Boundary:
     level: Level
 
 
-class FirstImportBooking(Protocol):
-    """A module imported for the first time in the process, while a test ran."""
-
-    module: str
-    host_bytes: int
-
-
-class ImportLedger(Protocol):
-    """Where first imports are booked: ``mark()``, then ``since(mark)`` lists those made since."""
-
-    def mark(self) -> int: ...
-
-    def since(self, mark: int) -> tuple[FirstImportBooking, ...]: ...
-
-
 @dataclass
 class _Span:
     """A measured test in progress: its start, and what was booked elsewhere since."""
@@ -118,12 +103,12 @@ class _Span:
     before: Level
     snapshot: Snapshot
     bookings: list[Booking] = field(default_factory=list)
-    import_mark: int | None = None
+    import_mark: int = 0  # where the first imports' ledger stood at the start
 
 
 @dataclass
 class _FixtureWindow:
-    inner: list[Booking] = field(default_factory=list)  # bookings of fixtures set up inside this one
+    inner: list[Booking] = field(default_factory=list)  # fixtures set up inside this one's setup, at any depth
 
 
 class SessionBooks:
@@ -141,7 +126,6 @@ class SessionBooks:
         self.keeps_books = role.runs_tests and role is not processes.Role.CHILD
         self.worker = processes.worker_id(config)
         self.watcher = Watcher()
-        self.imports: ImportLedger | None = None  # where first imports are booked, once one is installed
         self.last_boundary: Boundary | None = None
         self._pool = ResidentPool()
         self._level: Level | None = None  # after the last measured test, if the next test is measured
@@ -179,8 +163,7 @@ class SessionBooks:
         if manager.prepare_tensorflow():  # TensorFlow was imported since: its runtime starts now
             started = self._read()
             span.bookings.append(Booking.between(RUNTIME, "TensorFlow's runtime start", "", before, started))
-        if self.imports is not None:
-            span.import_mark = self.imports.mark()
+        span.import_mark = manager.imports.mark()
         self._span = span
         return (yield)
 
@@ -200,6 +183,10 @@ class SessionBooks:
         if self._span is None:
             return None
         release_fixture_values(item)
+        self._span.bookings += [
+            Booking(IMPORT, booked.module, "first import", booked.host_bytes)
+            for booked in core.manager(self.config).imports.since(self._span.import_mark)
+        ]
         before_clearing = None
         if self.clear_session:
             before_clearing = self._read()
@@ -209,11 +196,6 @@ class SessionBooks:
         span, self._span = self._span, None
         self._level = level
         self.last_boundary = Boundary(item.nodeid, level)
-        if self.imports is not None and span.import_mark is not None:
-            span.bookings += [
-                Booking(IMPORT, booked.module, "first import", booked.host_bytes)
-                for booked in self.imports.since(span.import_mark)
-            ]
         record = item.stash.get(core.RECORD, None)
         if record is None:  # not measured after all (setup failed, skipped)
             return None
@@ -270,14 +252,20 @@ class SessionBooks:
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Generator[None, Any, Any]:
         if self._span is None or fixturedef.scope == "function":
             return (yield)
+        imports = core.manager(self.config).imports
         before = self._read()
+        mark = imports.mark()
         window = _FixtureWindow()
         self._fixtures.append(window)
         try:
             return (yield)
         finally:
             self._fixtures.pop()
-            self._book_fixture(fixturedef, "setup", before, self._read(), window.inner)
+            # First imports in its setup are booked to the import, not to the fixture as well
+            imported = [Booking(IMPORT, b.module, "first import", b.host_bytes) for b in imports.since(mark)]
+            booking = self._book_fixture(fixturedef, "setup", before, self._read(), [*window.inner, *imported])
+            if self._fixtures and booking is not None:  # set up inside another fixture's setup
+                self._fixtures[-1].inner += [booking, *window.inner]
             fixturedef.addfinalizer(functools.partial(self._before_fixture_teardown, fixturedef))
 
     def _before_fixture_teardown(self, fixturedef: pytest.FixtureDef[Any]) -> None:
@@ -294,17 +282,17 @@ class SessionBooks:
 
     def _book_fixture(
         self, fixturedef: pytest.FixtureDef[Any], detail: str, before: Level, after: Level, inner: list[Booking]
-    ) -> None:
+    ) -> Booking | None:
+        """Book what changed from ``before`` to ``after``, less what ``inner`` booked elsewhere."""
         if self._span is None:
-            return
+            return None
         whole = Booking.between(FIXTURE, fixture_label(fixturedef), detail, before, after)
         booking = Booking(
             FIXTURE, whole.name, detail,
             whole.host_bytes - sum(b.host_bytes for b in inner), whole.tf_bytes - sum(b.tf_bytes for b in inner),
         )
         self._span.bookings.append(booking)
-        if self._fixtures:
-            self._fixtures[-1].inner.append(whole)
+        return booking
 
     # The account
 
