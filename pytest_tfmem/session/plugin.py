@@ -183,6 +183,8 @@ class SessionBooks:
         if self._span is None:
             return None
         release_fixture_values(item)
+        if self._torn_down is not None:
+            self._read()  # book the fixture torn down last before what stayed is weighed
         self._span.bookings += [
             Booking(IMPORT, booked.module, "first import", booked.host_bytes)
             for booked in core.manager(self.config).imports.since(self._span.import_mark)
@@ -192,7 +194,7 @@ class SessionBooks:
             before_clearing = self._read()
             tf_probe.clear_sessions()
         stayed = self._what_stayed(item, self._span)
-        level = self._read()  # also books the last fixture torn down
+        level = self._read()
         span, self._span = self._span, None
         self._level = level
         self.last_boundary = Boundary(item.nodeid, level)
