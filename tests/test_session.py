@@ -214,9 +214,16 @@ def test_under_xdist_each_worker_has_its_account_merged_at_the_controller(pytest
 
 
 TF_SUITE = """
+    import keras
     import tensorflow as tf
 
     ALIVE = []
+
+    def test_names_a_layer():
+        assert keras.layers.Dense(2).name == "dense"
+
+    def test_names_a_layer_again():  # "dense_1" unless Keras's session was cleared in between
+        assert keras.layers.Dense(2).name == "dense"
 
     def test_makes_tensors_and_drops_them():
         block = tf.ones((20 * 2**20 // 4,))
@@ -230,11 +237,12 @@ TF_SUITE = """
 """
 
 
-def test_tensors_back_in_tensorflows_pool_do_not_count_and_live_ones_do(tmp_path: Path):
+def test_tensors_back_in_tensorflows_pool_do_not_count_and_live_ones_do_and_keras_is_cleared(tmp_path: Path):
     (tmp_path / "test_tf.py").write_text(textwrap.dedent(TF_SUITE))
     environment = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_tf.py", "--tfmem-report=report.json"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_tf.py", "--tfmem-report=report.json",
+         "--tfmem-clear-session"],
         cwd=tmp_path, capture_output=True, text=True, check=False, env={**__import__("os").environ, **environment},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
@@ -246,3 +254,37 @@ def test_tensors_back_in_tensorflows_pool_do_not_count_and_live_ones_do(tmp_path
     assert dropped["retained"]["after"]["tf_pool"] - dropped["retained"]["before"]["tf_pool"] >= 20 * MIB
     assert abs(alive["retained_tf_bytes"] - 10 * MIB) < NOISE and abs(alive["retained_host_bytes"]) < NOISE
     assert abs(cleared["retained_tf_bytes"] + 10 * MIB) < NOISE
+    assert "--tfmem-clear-session gave back " in done.stdout and " over 5 tests" in done.stdout
+
+
+def test_the_resident_pool_grows_by_no_more_than_rss_did_and_never_shrinks():
+    from pytest_tfmem.core.retained import Level, ResidentPool
+
+    pool = ResidentPool()
+    assert pool.level(Level(rss=600 * MIB, tf_in_use=0, tf_pool=2 * MIB)).tf_pool == 2 * MIB  # the first reading
+    # a 20 MiB tensor raised the allocator's highest level by 32 MiB, RSS by 20 MiB
+    assert pool.level(Level(620 * MIB, 0, 34 * MIB), keep=False).tf_pool == 22 * MIB
+    grown = pool.level(Level(620 * MIB, 0, 34 * MIB))
+    assert grown.tf_pool == 22 * MIB and grown.held == 598 * MIB
+    assert pool.level(Level(610 * MIB, 10 * MIB, 34 * MIB)).tf_pool == 22 * MIB  # host freed, tensor alive
+
+
+def test_reports_written_before_retained_figures_still_load_and_show(tmp_path: Path):
+    from pytest_tfmem.core.summary import summary_rows
+    from pytest_tfmem.gates.reports import load_report
+
+    old = {
+        "format": "pytest-tfmem-report", "version": 1, "created": "2026-11-01T00:00:00+00:00", "exitstatus": 0,
+        "environment": {}, "baseline": None, "summary": {},
+        "tests": [{"nodeid": "t.py::test_a", "outcome": "passed", "budget": None, "verdicts": [], "extra": {},
+                   "measurement": {"views": [{"view": "host", "start": 0, "peak": 5, "end": 0}], "duration_s": 0.1}}],
+    }  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    report = load_report(tmp_path / "old.json")
+    assert report.tests[0].retained is None and report.to_dict()["session"] is None
+    assert "retained" not in summary_rows(report.tests, 10)[0]
+    plotted = subprocess.run(
+        [sys.executable, "-m", "pytest_tfmem.cli.main", "plot", "old.json", "--session", "-o", "s.png"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert plotted.returncode == 2 and "holds no retained figures" in plotted.stderr
