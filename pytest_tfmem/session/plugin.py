@@ -10,6 +10,11 @@ baseline's retained figure) fail the test as an error at its teardown.
 
 ``--tfmem-clear-session`` cleans up after each test (Keras's ``clear_session``, TensorFlow's
 default graph, a collection) and the summary says what that gave back.
+
+What other parts of a session read here: ``books(config).last_boundary``, the process after the
+last measured test's teardown (read once; a limit on the process reads it rather than the
+process again), and ``core.record.session_account(records).top_retainers(n)``, who left the most
+(also in a pytest-xdist worker, from its own records).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pytest
 
 from pytest_tfmem.core import manager as core, measure, processes, settings
 from pytest_tfmem.core.pytest_internals import release_fixture_values
-from pytest_tfmem.core.record import publish, session_account
+from pytest_tfmem.core.record import TestRecord, publish, session_account
 from pytest_tfmem.core.retained import (
     FIXTURE,
     IMPORT,
@@ -232,7 +237,7 @@ class SessionBooks:
         return arguments.get("max_retained", self.max_retained)
 
     @pytest.hookimpl
-    def pytest_tfmem_check_retained(self, item: pytest.Item, record: Any) -> Verdict | None:
+    def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """``--tfmem-max-retained`` (or the marker's ``max_retained=``)."""
         limit = self._limit(item)
         retained = record.retained
