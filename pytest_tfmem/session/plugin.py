@@ -112,6 +112,11 @@ class _Span:
 
 
 @dataclass
+class _Weighed:
+    stayed: tuple[str, ...] = ()  # what stayed after the test, where it left more than the threshold
+
+
+@dataclass
 class _FixtureWindow:
     inner: list[Booking] = field(default_factory=list)  # fixtures set up inside this one's setup, at any depth
 
@@ -141,8 +146,10 @@ class SessionBooks:
         # A fixture torn down whose value pytest still holds: booked at the next reading.
         self._torn_down: tuple[pytest.FixtureDef[Any], Level] | None = None
 
-    def _read(self) -> Level:
-        level = self._pool.level(read_level(core.manager(self.config).collector.collect))
+    def _read(self, before_freeze: Callable[[], object] | None = None) -> Level:
+        """The process after a collection (``before_freeze``: see ``Collector.collect``)."""
+        collector = core.manager(self.config).collector
+        level = self._pool.level(read_level(lambda: collector.collect(before_freeze)))
         if self._torn_down is not None:
             fixturedef, before = self._torn_down
             self._torn_down = None
@@ -198,8 +205,8 @@ class SessionBooks:
         if self.clear_session:
             before_clearing = self._read()
             tf_probe.clear_sessions()
-        stayed = self._what_stayed(item, self._span)
-        level = self._read()
+        weighed = _Weighed()
+        level = self._read(functools.partial(self._what_stayed, item, self._span, weighed))
         span, self._span = self._span, None
         self._level = level
         self.last_boundary = Boundary(item.nodeid, level)
@@ -208,7 +215,9 @@ class SessionBooks:
             return None
         self._seq += 1
         cleared = None if before_clearing is None else before_clearing.held - level.held
-        record.retained = Retained(span.before, level, tuple(span.bookings), self._seq, self.worker, stayed, cleared)
+        record.retained = Retained(
+            span.before, level, tuple(span.bookings), self._seq, self.worker, weighed.stayed, cleared
+        )
         verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]
         record.verdicts += verdicts
         publish(item, record)
@@ -217,20 +226,19 @@ class SessionBooks:
             return None
         return failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
 
-    def _what_stayed(self, item: pytest.Item, span: _Span) -> tuple[str, ...]:
-        """For a test over the threshold, what stayed: read before the collector freezes the survivors."""
+    def _what_stayed(self, item: pytest.Item, span: _Span, weighed: _Weighed) -> None:
+        """For a test over the threshold, what stayed: run after the young objects were collected
+        and before the survivors are frozen, so ``gc.get_objects()`` lists the test's survivors."""
         threshold = min(
             (limit for limit in (self.stayed_threshold, self._limit(item)) if limit is not None), default=None
         )
         if threshold is None:
-            return ()
-        gc.collect()  # the young objects only: older ones were frozen when the last window opened
+            return
         host.return_freed_heap()
         now = self._pool.level(current_level(), keep=False)
         booked = sum(booking.bytes for booking in span.bookings)
-        if now.held - span.before.held - booked <= threshold:
-            return ()
-        return self.watcher.what_stayed(span.snapshot, gc.get_objects())
+        if now.held - span.before.held - booked > threshold:
+            weighed.stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects())
 
     def _limit(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(core.ARGUMENTS, {})

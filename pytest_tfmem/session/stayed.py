@@ -13,11 +13,11 @@ the collector: they are found through the containers that gained them.
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import sysconfig
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pytest_tfmem.probes.objects import (
@@ -62,9 +62,11 @@ class Watcher:
     """Takes snapshots and says what stayed; remembers which modules are the user's."""
 
     def __init__(self) -> None:
+        paths = [sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+        # Both as configured and with links resolved; module files are compared as strings (no
+        # system call per module: a session imports thousands)
         self._library_paths = tuple(
-            Path(path).resolve() for name in ("stdlib", "platstdlib", "purelib", "platlib")
-            if (path := sysconfig.get_paths().get(name))
+            {os.path.join(form, "") for path in paths if path for form in (path, os.path.realpath(path))}
         )
         self._users: dict[str, bool] = {}
         self._modules_seen = -1
@@ -74,20 +76,19 @@ class Watcher:
     def _is_users(self, name: str, module: Any) -> bool:
         known = self._users.get(name)
         if known is None:
-            file = getattr(module, "__file__", None)
+            file = getattr(module, "__file__", None) if hasattr(module, "__dict__") else None
             known = False
             if isinstance(file, str) and name != OWN_PACKAGE and not name.startswith(OWN_PACKAGE + "."):
-                path = Path(file).resolve()
-                known = not any(path.is_relative_to(library) for library in self._library_paths)
+                known = not file.startswith(self._library_paths)
             self._users[name] = known
         return known
 
     def _watched_modules(self) -> list[tuple[str, dict[str, Any]]]:
         if len(sys.modules) != self._modules_seen:
             self._modules_seen = len(sys.modules)
-            self._watched = [
+            self._watched = [  # each module is classified once: a later scan is dictionary lookups
                 (name, vars(module)) for name, module in list(sys.modules.items())
-                if hasattr(module, "__dict__") and self._is_users(name, module)
+                if self._is_users(name, module)
             ]
         return self._watched
 
