@@ -16,8 +16,8 @@ import pytest
 
 from pytest_tfmem.core.attempts import attempts_before
 from pytest_tfmem.core.measure import Measurement
-from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
 from pytest_tfmem.core.retained import Retained, SessionAccount
+from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
 from pytest_tfmem.core.verdict import Verdict
 
 PROPERTY = "tfmem"

@@ -27,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import manager as core, measure, processes, settings
+from pytest_tfmem.core import measure, processes, settings
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.pytest_internals import release_fixture_values
 from pytest_tfmem.core.record import TestRecord, publish, session_account
 from pytest_tfmem.core.retained import (
@@ -148,7 +149,7 @@ class SessionBooks:
 
     def _read(self, before_freeze: Callable[[], object] | None = None) -> Level:
         """The process after a collection (``before_freeze``: see ``Collector.collect``)."""
-        collector = core.manager(self.config).collector
+        collector = manager(self.config).collector
         level = self._pool.level(read_level(lambda: collector.collect(before_freeze)))
         if self._torn_down is not None:
             fixturedef, before = self._torn_down
@@ -163,19 +164,19 @@ class SessionBooks:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
-        manager = core.manager(self.config)
-        if not (self.keeps_books and manager.is_measured(item)):
+        tfmem = manager(self.config)
+        if not (self.keeps_books and tfmem.is_measured(item)):
             self._level = None  # what this test leaves falls between measured tests
             return (yield)
         if self._level is None and self.last_boundary is None:
-            manager.trackers()  # the first test's window would start them: not the test's memory
+            tfmem.trackers()  # the first test's window would start them: not the test's memory
             measure.probes().trackers()
         before = self._level if self._level is not None else self._read()
         span = _Span(item.nodeid, before, self.watcher.snapshot())
-        if manager.prepare_tensorflow():  # TensorFlow was imported since: its runtime starts now
+        if tfmem.prepare_tensorflow():  # TensorFlow was imported since: its runtime starts now
             started = self._read()
             span.bookings.append(Booking.between(RUNTIME, "TensorFlow's runtime start", "", before, started))
-        span.import_mark = manager.imports.mark()
+        span.import_mark = tfmem.imports.mark()
         self._span = span
         return (yield)
 
@@ -199,7 +200,7 @@ class SessionBooks:
             self._read()  # book the fixture torn down last before what stayed is weighed
         self._span.bookings += [
             Booking(IMPORT, booked.module, "first import", booked.host_bytes)
-            for booked in core.manager(self.config).imports.since(self._span.import_mark)
+            for booked in manager(self.config).imports.since(self._span.import_mark)
         ]
         before_clearing = None
         if self.clear_session:
@@ -210,7 +211,7 @@ class SessionBooks:
         span, self._span = self._span, None
         self._level = level
         self.last_boundary = Boundary(item.nodeid, level)
-        record = item.stash.get(core.RECORD, None)
+        record = item.stash.get(RECORD, None)
         if record is None:  # not measured after all (setup failed, skipped)
             return None
         self._seq += 1
@@ -241,7 +242,7 @@ class SessionBooks:
             weighed.stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects())
 
     def _limit(self, item: pytest.Item) -> int | None:
-        arguments = item.stash.get(core.ARGUMENTS, {})
+        arguments = item.stash.get(ARGUMENTS, {})
         return arguments.get("max_retained", self.max_retained)
 
     @pytest.hookimpl
@@ -267,7 +268,7 @@ class SessionBooks:
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Generator[None, Any, Any]:
         if self._span is None or fixturedef.scope == "function":
             return (yield)
-        imports = core.manager(self.config).imports
+        imports = manager(self.config).imports
         before = self._read()
         mark = imports.mark()
         window = _FixtureWindow()
@@ -315,7 +316,7 @@ class SessionBooks:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not processes.role(self.config).writes_session_outputs:
             return
-        account = session_account(core.manager(self.config).records)
+        account = session_account(manager(self.config).records)
         lines = account_lines(account, always=self.clear_session)
         if lines:
             terminalreporter.write_sep("=", "tfmem: what the tests left behind")
