@@ -49,12 +49,15 @@ class Snapshot:
 
 def size_of(value: Any) -> int:
     """Bytes an object holds: an array's buffer (``nbytes``), else its own size."""
-    nbytes = getattr(value, "nbytes", None)
+    try:  # a lazy module (Keras's for optional packages) imports on any attribute lookup
+        nbytes = getattr(value, "nbytes", None)
+    except Exception:
+        nbytes = None
     if isinstance(nbytes, int):
         return nbytes
     try:
         return sys.getsizeof(value)
-    except TypeError:
+    except Exception:
         return 0
 
 
