@@ -54,6 +54,14 @@ class KilledBySignal(IsolatedTestDied):
     """The isolated test's process died of a signal tfmem did not send (OOM killer, crash)."""
 
 
+class RetainedExceeded(TfmemFailure):
+    """A test left more memory behind after its teardown than ``max_retained`` allows."""
+
+
+class RetainedRegression(TfmemFailure):
+    """A test left more memory behind than its baseline entry, beyond tolerance."""
+
+
 class LeakDetected(TfmemFailure):
     """Memory grew per iteration by more than ``max_growth`` in a leak check."""
 
@@ -71,6 +79,8 @@ FAILURE_BY_CHECK: Mapping[str, type[TfmemFailure]] = MappingProxyType(
         "gpu_budget": GpuBudgetExceeded,
         "oom": DeviceOutOfMemory,
         "leak": LeakDetected,
+        "max_retained": RetainedExceeded,
+        "retained_baseline": RetainedRegression,
         "kill_at": KilledAtLimit,
         "signal": KilledBySignal,
         "died": IsolatedTestDied,

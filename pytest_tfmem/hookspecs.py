@@ -44,6 +44,17 @@ def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseExcepti
 
 
 @pytest.hookspec
+def pytest_tfmem_check_retained(item: pytest.Item, record: TestRecord) -> Verdict | None:
+    """Return a verdict on what a measured test left behind (``record.retained``), or ``None``.
+
+    When: after the test's teardown, once its retained figure is read. A failed verdict fails the
+    test as an error at its teardown. Implemented by: the session feature (``--tfmem-max-retained``)
+    and the gates (a baseline's retained figure).
+    """
+
+
+
+@pytest.hookspec
 def pytest_tfmem_rerun_wanted(item: pytest.Item, record: TestRecord) -> RerunUse | None:
     """The test failed a tfmem check: return a ``RerunUse`` to take part in one re-run of its
     body (what it gives, the context it sets up around the body), or ``None``.

@@ -15,4 +15,5 @@ pytest_plugins: list[str] = [
     "pytest_tfmem.leaks.marker",
     "pytest_tfmem.workers.plugin",
     "pytest_tfmem.html.plugin",
+    "pytest_tfmem.session.plugin",
 ]

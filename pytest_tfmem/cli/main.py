@@ -2,7 +2,7 @@
 
     tfmem compare BASELINE REPORT [--tolerance 10%+16MB] [--markdown] [--all]
     tfmem show REPORT [--top N]
-    tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N]
+    tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N] [--session]
     tfmem last [RESULTS] [--all]
     tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]
     tfmem merge -o BASELINE INPUT... [--prefer first|last|max|min]
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfmem.core.record import session_account
 from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.files import FileFormatError
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
@@ -132,7 +133,9 @@ def run_compare(args: argparse.Namespace) -> int:
     for record in report.tests:
         if record.measurement is not None:
             tolerance = _tolerance_for(record.extra, report, args.tolerance)
-            comparisons += compare(record.nodeid, record.measurement, baseline.tests.get(record.nodeid), tolerance)
+            retained = record.retained.bytes if record.retained is not None else None
+            entry = baseline.tests.get(record.nodeid)
+            comparisons += compare(record.nodeid, record.measurement, entry, tolerance, retained)
     notes = []
     differences = environment_differences(baseline.environment, report.environment, current_label="in the report")
     if differences:
@@ -202,10 +205,20 @@ def run_plot(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401
 
-        from pytest_tfmem.cli.plot import plot_peaks
+        from pytest_tfmem.cli.plot import plot_peaks, plot_session
     except ImportError:
         raise CliError("tfmem plot needs matplotlib: pip install matplotlib") from None
     report = _load(load_report, args.report)
+    if args.session:
+        account = session_account(report.tests)
+        if not account.processes:
+            raise CliError(f"{args.report} holds no retained figures (written before pytest-tfmem measured them)")
+        try:
+            drawn = plot_session(account, args.output, top=min(args.top, 10))
+        except OSError as error:
+            raise CliError(f"cannot write {args.output!r}: {error.strerror or error}") from None
+        print(f"{args.output}: the process after each of {drawn} test(s)")
+        return EXIT_OK
     comparisons = [c for record in report.tests for c in comparisons_from_record(record)]
     if args.baseline:
         baseline = _load(load_baseline, args.baseline)
@@ -346,9 +359,10 @@ COMMANDS = [
     Command(
         "plot",
         run_plot,
-        help="draw a PNG bar chart of the peaks",
+        help="draw a PNG bar chart of the peaks, or the process's size after each test",
         description="Draw the heaviest tests' peaks as a PNG bar chart, with each test's baseline and budget "
-        "marked. Needs matplotlib.",
+        "marked; with --session, the process's size after each test (one line per pytest-xdist worker) with "
+        "the tests and fixtures that left the most marked. Needs matplotlib.",
         arguments=(
             REPORT,
             argument("-o", "--output", required=True, metavar="PNG", help="where to write the chart"),
@@ -358,6 +372,12 @@ COMMANDS = [
                 help="baseline file to mark (default: what the report was compared with)",
             ),
             argument("--top", type=_TOP, default=30, help="the N heaviest tests (default 30)"),
+            argument(
+                "--session",
+                action="store_true",
+                help="draw the process's size after each test instead, the top retainers marked "
+                "(at most 10, from --top)",
+            ),
         ),
     ),
     Command(

@@ -1,4 +1,5 @@
-"""A PNG bar chart of each test's peak memory, with its baseline and budget marked (matplotlib)."""
+"""PNG charts (matplotlib): each test's peak memory, with its baseline and budget marked; the
+process's size after each test, with the top retainers marked."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.retained import TEST, SessionAccount
+from pytest_tfmem.units import format_size
 
 MIB = 2**20
 _REGRESSED, _PASSED, _FAILED = "#d62728", "#1f77b4", "#ff7f0e"
@@ -69,3 +72,40 @@ def plot_peaks(
 
 def _short(nodeid: str, width: int = 60) -> str:
     return nodeid if len(nodeid) <= width else "..." + nodeid[-(width - 3):]
+
+
+def plot_session(account: SessionAccount, path: str | Path, *, top: int = 5) -> int:
+    """Draw each process's size after each test (one line per pytest-xdist worker), with the
+    ``top`` retainers marked where they left their memory; return how many tests were drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(10, 5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    marked = {(r.worker, r.name) for r in account.top_retainers(top) if r.kind == TEST}
+    fixtures = {(r.worker, r.name) for r in account.top_retainers(top) if r.kind != TEST}
+    drawn = 0
+    for process in account.processes:
+        sizes = [process.start.rss / MIB, *(retained.after.rss / MIB for _, retained in process.tests)]
+        label = process.worker or "process"
+        axes.plot(range(len(sizes)), sizes, marker=".", label=f"{label}: RSS after each test")
+        for index, (nodeid, retained) in enumerate(process.tests, start=1):
+            names = [
+                f"{b.name} {b.detail} {format_size(b.bytes, signed=True)}"
+                for b in retained.bookings if (process.worker, b.name) in fixtures
+            ]
+            if (process.worker, nodeid) in marked:
+                names.insert(0, f"{_short(nodeid, 40)} {format_size(retained.bytes, signed=True)}")
+            if names:
+                axes.annotate("\n".join(names), (index, retained.after.rss / MIB), fontsize=7,
+                              xytext=(4, 8), textcoords="offset points", arrowprops={"arrowstyle": "-"})
+        drawn += len(process.tests)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("tests run (in order)")
+    axes.set_ylabel("process RSS (MiB)")
+    axes.set_title("Process size after each test")
+    axes.legend(fontsize=8)
+    figure.savefig(path, format="png")
+    return drawn

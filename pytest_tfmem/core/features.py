@@ -74,9 +74,10 @@ class Summary(enum.IntEnum):
 
     GATES = 1  # the baseline comparison and the CI gates: what decides the run, first
     TABLE = 2  # the core's table of peaks, and the tests that were not measured
-    TRACE = 3  # where the failing tests' traces are
-    ISOLATE = 4  # the isolated tests' own table
-    GPU = 5  # notes on the GPU views (NVML's problems, GPU budgets with nothing to check)
+    SESSION = 3  # what the tests left behind: the session's account, beside the peaks
+    TRACE = 4  # where the failing tests' traces are
+    ISOLATE = 5  # the isolated tests' own table, and the session limit's replacements
+    GPU = 6  # notes on the GPU views (NVML's problems, GPU budgets with nothing to check)
 
 
 def _never(item: pytest.Item) -> bool:

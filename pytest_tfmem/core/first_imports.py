@@ -27,7 +27,7 @@ SECTION_LINES = 5  # the largest first imports named in a test's section; the re
 class LeaveOutFirstImports:
     """The core's listener on the session's ledger (``probes.imports.ImportListener``)."""
 
-    def __init__(self, prepare_tensorflow: Callable[[], None]) -> None:
+    def __init__(self, prepare_tensorflow: Callable[[], object]) -> None:
         self.prepare_tensorflow = prepare_tensorflow
 
     def import_started(self, module: str) -> None:

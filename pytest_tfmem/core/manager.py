@@ -176,19 +176,21 @@ class TfmemManager:
         arguments = item.stash.get(ARGUMENTS, {})
         return arguments.get("budget", self.settings.budget)
 
-    def prepare_tensorflow(self) -> None:
-        """Once TF is loaded: let features configure devices, then start its runtime."""
+    def prepare_tensorflow(self) -> bool:
+        """Once TF is loaded: let features configure devices, then start its runtime. Returns
+        whether that happened now."""
         if self._tensorflow_prepared:
-            return
+            return False
         tf = tf_probe.loaded_tensorflow()
         if tf is None:
-            return
+            return False
         self._tensorflow_prepared = True
         runtime_started = tf_probe.runtime_started()
         for setup in self.tensorflow_setups:
             setup(tf, runtime_started)
         if self.settings.tf_warmup:
             tf_probe.start_runtime(tf)
+        return True
 
     def finish(
         self,
@@ -358,6 +360,19 @@ class TfmemManager:
             self.not_measured += [
                 (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
             ]
+        elif report.when == "teardown":
+            self._add_retained(report)
+
+    def _add_retained(self, report: pytest.TestReport) -> None:
+        """What the test left behind, and the verdicts on it, come with its teardown report."""
+        after_teardown = record_from_report(report)
+        if after_teardown is None or after_teardown.retained is None:
+            return
+        record = next((r for r in reversed(self.records) if r.nodeid == report.nodeid), None)
+        if record is not None:
+            record.retained = after_teardown.retained
+            record.verdicts = after_teardown.verdicts
+            record.extra = after_teardown.extra
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:

@@ -74,3 +74,12 @@ def is_pytest_logging_handler(handler: logging.Handler) -> bool:
     """One of pytest's own logging handlers (log capture, log file, live logging), which live
     in ``_pytest.logging``: a fork of the session leaves them behind."""
     return type(handler).__module__ == "_pytest.logging"
+
+
+def release_fixture_values(item: pytest.Item) -> None:
+    """Let go of the fixture values a test was given, as pytest does once its teardown hooks
+    are over (``runtestprotocol`` sets ``item.funcargs = None``): a reading taken at the end of
+    the teardown would otherwise still count a torn-down fixture's value as held."""
+    funcargs = getattr(item, "funcargs", None)
+    if isinstance(funcargs, dict):
+        funcargs.clear()

@@ -16,6 +16,7 @@ import pytest
 
 from pytest_tfmem.core.attempts import attempts_before
 from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.retained import Retained, SessionAccount
 from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
 from pytest_tfmem.core.verdict import Verdict
 
@@ -38,6 +39,7 @@ class TestRecord:
     gpu_budget: int | None = None  # the GPU budget the test was held to, where one applied
     subtests: list[SubtestFigure] = field(default_factory=list)  # in the order they ran
     reruns: int = 0  # pytest-rerunfailures: attempts before the one this record is of
+    retained: Retained | None = None  # what it left behind, once its teardown is over
 
     @property
     def gpu_need(self) -> int | None:
@@ -50,6 +52,14 @@ class TestRecord:
         return [v for v in self.verdicts if not v.ok]
 
     def to_dict(self) -> dict[str, Any]:
+        retained: dict[str, Any] = {}
+        if self.retained is not None:
+            retained = {
+                "retained_bytes": self.retained.bytes,
+                "retained_host_bytes": self.retained.host_bytes,
+                "retained_tf_bytes": self.retained.tf_bytes,
+                "retained": self.retained.to_dict(),
+            }
         return {
             "nodeid": self.nodeid,
             "outcome": self.outcome,
@@ -61,6 +71,7 @@ class TestRecord:
             "gpu_budget": self.gpu_budget,
             "subtests": [subtest.to_dict() for subtest in self.subtests],
             "reruns": self.reruns,
+            **retained,
         }
 
     @classmethod
@@ -77,6 +88,7 @@ class TestRecord:
             gpu_budget=data.get("gpu_budget"),
             subtests=[SubtestFigure.from_dict(subtest) for subtest in data.get("subtests", [])],
             reruns=data.get("reruns", 0),
+            retained=Retained.from_dict(data["retained"]) if data.get("retained") else None,
         )
 
     def user_properties(self) -> list[tuple[str, object]]:
@@ -90,6 +102,8 @@ class TestRecord:
             properties.append(("tfmem_budget_bytes", self.budget))
         if self.gpu_budget is not None:
             properties.append(("tfmem_gpu_budget_bytes", self.gpu_budget))
+        if self.retained is not None:
+            properties.append(("tfmem_retained_bytes", self.retained.bytes))
         return properties
 
 
@@ -119,3 +133,8 @@ def record_from_report(report: pytest.TestReport) -> TestRecord | None:
         record.outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
         record.reruns = attempts_before(report)
     return record
+
+
+def session_account(records: list[TestRecord]) -> SessionAccount:
+    """The session's books, from the records that carry a retained figure."""
+    return SessionAccount.of((record.nodeid, record.retained) for record in records if record.retained is not None)

@@ -32,6 +32,8 @@ def _result(record: TestRecord) -> str:
         result = "over budget"
     elif "gpu_budget" in failed:
         result = "over GPU budget"
+    elif "max_retained" in failed:
+        result = "over max_retained"
     else:
         result = record.outcome or ""
     if record.reruns:  # pytest-rerunfailures: the figures are the last attempt's
@@ -44,6 +46,11 @@ def _nvml(measurement: Measurement) -> str:
     return format_size(max((v.increase for v in measurement.views if v.view.startswith("nvml:")), default=None))
 
 
+def _retained(record: TestRecord) -> str:
+    """What the test left behind after its teardown (``-`` where not known)."""
+    return "-" if record.retained is None else format_size(record.retained.bytes, signed=True)
+
+
 def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = False) -> list[list[str]]:
     """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use, result;
     NVML's column and the GPU budget's columns where they apply. With ``subtests``, each test's
@@ -54,7 +61,10 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
     with_gpu_budget = any(r.gpu_budget is not None for r in measured)
     nvml_column = [_nvml_header(measured)] if with_nvml else []
     gpu_budget_columns = ["GPU budget", "GPU use"] if with_gpu_budget else []
-    header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", *gpu_budget_columns]
+    with_retained = any(r.retained is not None for r in measured)
+    retained_column = ["retained"] if with_retained else []
+    header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", *gpu_budget_columns,
+              *retained_column]
     rows = [[*header, "result"]]
     for record in measured[:top]:
         assert record.measurement is not None
@@ -63,10 +73,11 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
             _figure_cells(record.nodeid, record.measurement, with_nvml)
             + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
             + (gpu_budget_cells if with_gpu_budget else [])
+            + ([_retained(record)] if with_retained else [])
             + [_result(record)]
         )
         if subtests:
-            rows += _subtest_rows(record, with_nvml, with_gpu_budget)
+            rows += _subtest_rows(record, with_nvml, with_gpu_budget, with_retained)
     return rows
 
 
@@ -83,7 +94,9 @@ def _figure_cells(name: str, m: Measurement, with_nvml: bool) -> list[str]:
     ]
 
 
-def _subtest_rows(record: TestRecord, with_nvml: bool, with_gpu_budget: bool) -> list[list[str]]:
+def _subtest_rows(
+    record: TestRecord, with_nvml: bool, with_gpu_budget: bool, with_retained: bool
+) -> list[list[str]]:
     """A row per subtest of the test, heaviest first: ``  [message] (i=2)`` and its figures."""
     rows = []
     for subtest in sorted(record.subtests, key=lambda s: s.measurement.peak, reverse=True):
@@ -93,6 +106,7 @@ def _subtest_rows(record: TestRecord, with_nvml: bool, with_gpu_budget: bool) ->
             _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml)
             + ["", use_percent(peak, record.budget)]
             + (["", ""] if with_gpu_budget else [])
+            + ([""] if with_retained else [])
             + [f"subtest {subtest.outcome}{', over budget' if over else ''}"]
         )
     return rows

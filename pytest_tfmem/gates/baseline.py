@@ -9,7 +9,8 @@ A baseline is a versioned JSON file keyed by test node id::
       "environment": {"python": "3.11", "tensorflow": "2.21.0", ...},
       "tests": {
         "tests/test_model.py::test_fit": {"peak": 671088640, "views": {"host": 671088640, "tf:CPU:0": 540000000}},
-        "tests/test_model.py::test_loop": {"peak": 12582912, "views": {"host": 12582912}, "leak_slope": 6400000.0}
+        "tests/test_model.py::test_loop": {"peak": 12582912, "views": {"host": 12582912}, "leak_slope": 6400000.0,
+                                           "retained": 1048576}
       }
     }
 
@@ -63,6 +64,7 @@ class BaselineEntry:
     peak: int
     views: dict[str, int] = field(default_factory=dict)
     leak_slope: float | None = None
+    retained: int | None = None  # what the test left behind after its teardown (0 when it freed more)
 
     def quantities(self) -> dict[str, int]:
         quantities = {"peak": self.peak}
@@ -73,6 +75,8 @@ class BaselineEntry:
         data: dict[str, Any] = {"peak": self.peak, "views": dict(self.views)}
         if self.leak_slope is not None:
             data["leak_slope"] = self.leak_slope
+        if self.retained is not None:
+            data["retained"] = self.retained
         return data
 
     @classmethod
@@ -83,6 +87,7 @@ class BaselineEntry:
             peak=record.measurement.peak,
             views={view.view: view.increase for view in record.measurement.views},
             leak_slope=leak.growth_per_iteration if leak is not None else None,
+            retained=None if record.retained is None else max(0, record.retained.bytes),
         )
 
 
@@ -163,4 +168,8 @@ def _parse_entry(path: str | Path, nodeid: str, entry: object) -> BaselineEntry:
     slope = entry.get("leak_slope")
     if slope is not None and (isinstance(slope, bool) or not isinstance(slope, (int, float))):
         raise BaselineError(path, f"test {nodeid!r}: \"leak_slope\" must be a number, got {slope!r}")
-    return BaselineEntry(entry["peak"], dict(views), None if slope is None else float(slope))
+    retained = entry.get("retained")
+    if retained is not None and not _is_bytes(retained):
+        why = f"\"retained\" must be a whole number of bytes >= 0, got {retained!r}"
+        raise BaselineError(path, f"test {nodeid!r}: {why}")
+    return BaselineEntry(entry["peak"], dict(views), None if slope is None else float(slope), retained)

@@ -17,6 +17,10 @@ from pytest_tfmem.gates.tolerance import Tolerance, parse_tolerance
 from pytest_tfmem.units import format_size
 
 SECTION = "baseline"  # key of the comparison in ``TestRecord.extra``
+RETAINED = "retained"  # the quantity of what a test left behind
+# What a test leaves behind moves by a few pages from run to run (the allocator's own state,
+# pytest's reports): whatever the tolerance, a retained figure may move this much.
+RETAINED_NOISE = 4 * 2**20
 REGRESSION = "regression"
 IMPROVEMENT = "improvement"
 WITHIN = "within tolerance"
@@ -47,7 +51,10 @@ class Comparison:
 
     @property
     def allowance(self) -> float | None:
-        return None if self.baseline is None else self.tolerance.allowance(self.baseline)
+        if self.baseline is None:
+            return None
+        allowance = self.tolerance.allowance(self.baseline)
+        return max(allowance, RETAINED_NOISE) if self.quantity == RETAINED else allowance
 
     @property
     def status(self) -> str:
@@ -62,7 +69,9 @@ class Comparison:
 
     @property
     def label(self) -> str:
-        return "peak" if self.quantity == "peak" else f"{self.quantity[3:]} peak"
+        if self.quantity in ("peak", RETAINED):
+            return self.quantity
+        return f"{self.quantity[3:]} peak"
 
     def describe_change(self) -> str:
         """``+26.9%`` for a percentage tolerance, ``+172.0 MiB`` for a size, both for both."""
@@ -91,14 +100,29 @@ class Comparison:
 
 
 def compare(
-    nodeid: str, measurement: Measurement, entry: BaselineEntry | None, tolerance: Tolerance
+    nodeid: str,
+    measurement: Measurement,
+    entry: BaselineEntry | None,
+    tolerance: Tolerance,
+    retained: int | None = None,
 ) -> list[Comparison]:
-    """One comparison per quantity the test measured; all ``NEW`` when there is no entry."""
+    """One comparison per quantity the test measured; all ``NEW`` when there is no entry.
+
+    ``retained`` (what the test left behind) is compared where the entry has a retained figure.
+    """
     reference = entry.quantities() if entry is not None else {}
-    return [
+    comparisons = [
         Comparison(nodeid, quantity, current, reference.get(quantity), tolerance)
         for quantity, current in compared_quantities(measurement).items()
     ]
+    if retained is not None and entry is not None and entry.retained is not None:
+        comparisons.append(compare_retained(nodeid, retained, entry.retained, tolerance))
+    return comparisons
+
+
+def compare_retained(nodeid: str, retained: int, baseline: int, tolerance: Tolerance) -> Comparison:
+    """What a test left behind against its baseline's figure (a test that freed more counts as 0)."""
+    return Comparison(nodeid, RETAINED, max(0, retained), baseline, tolerance)
 
 
 def overall_status(comparisons: list[Comparison]) -> str:

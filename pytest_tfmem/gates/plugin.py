@@ -29,6 +29,7 @@ from pytest_tfmem.gates.compare import (
     SECTION,
     baseline_verdict,
     compare,
+    compare_retained,
     comparisons_from_record,
     not_run_note,
     record_section,
@@ -152,11 +153,14 @@ class CiGates:
         entry = self.baseline.tests.get(item.nodeid) if self.baseline is not None else None
         return entry.peak if entry is not None else None
 
+    def _tolerance(self, item: pytest.Item) -> Tolerance:
+        return item.stash.get(ARGUMENTS, {}).get("tolerance", self.tolerance)
+
     @pytest.hookimpl
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """Hold the test to its baseline entry, with its marker's tolerance if it has one."""
         arguments = item.stash.get(ARGUMENTS, {})
-        tolerance = arguments.get("tolerance", self.tolerance)
+        tolerance = self._tolerance(item)
         if "tolerance" in arguments:
             record.extra["tolerance"] = str(tolerance)  # so ``tfmem compare`` applies it too
         if self.baseline is None or record.measurement is None:
@@ -164,6 +168,19 @@ class CiGates:
         comparisons = compare(record.nodeid, record.measurement, self.baseline.tests.get(record.nodeid), tolerance)
         record.extra[SECTION] = record_section(comparisons, tolerance)
         return baseline_verdict(comparisons)
+
+    @pytest.hookimpl
+    def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
+        """Hold what the test left behind to its baseline entry's retained figure, where it has one."""
+        entry = self.baseline.tests.get(record.nodeid) if self.baseline is not None else None
+        if entry is None or entry.retained is None or record.retained is None or record.measurement is None:
+            return None
+        tolerance = self._tolerance(item)
+        comparison = compare_retained(record.nodeid, record.retained.bytes, entry.retained, tolerance)
+        peak = compare(record.nodeid, record.measurement, entry, tolerance)
+        record.extra[SECTION] = record_section([*peak, comparison], tolerance)
+        verdict = baseline_verdict([comparison])
+        return Verdict("retained_baseline", verdict.ok, verdict.message)
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

@@ -12,7 +12,8 @@ The JSON report is a contract; its schema (documented in the README) is::
       "baseline": {"path": "tfmem-baseline.json", "tolerance": "10%+16MB"} or null,
       "summary": {"tests": 3, "passed": 2, "failed": 1, "over_budget": 0,
                   "regressions": 1, "improvements": 0, "not_in_baseline": 1},
-      "tests": [<TestRecord.to_dict()>, ...]    # sorted by node id
+      "tests": [<TestRecord.to_dict()>, ...],   # sorted by node id
+      "session": <SessionAccount.to_dict()> or null   # what the tests left behind (docs/ci.md)
     }
 """
 
@@ -24,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.record import TestRecord, session_account
 from pytest_tfmem.core.summary import summary_rows
 from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.gates.compare import (
@@ -70,6 +71,7 @@ class SessionReport:
             "baseline": self.baseline,
             "summary": summary_counts(self.tests),
             "tests": [record.to_dict() for record in sorted(self.tests, key=lambda r: r.nodeid)],
+            "session": session_account(self.tests).to_dict(),
         }
 
 

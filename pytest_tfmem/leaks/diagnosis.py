@@ -15,23 +15,26 @@ from __future__ import annotations
 
 import collections
 import gc
-import re
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from typing import Any
 
-from pytest_tfmem.leaks.holders import container_label, last_items
+from pytest_tfmem.probes.holders import container_label, last_items
+from pytest_tfmem.probes.objects import (
+    function_group,
+    function_library_names,
+    keras_name_counters,
+    own_types,
+    short_labels,
+    type_name,
+)
 
 _CONTAINERS = (list, dict, set, collections.deque)
-_OWN_MODULE = __name__.rsplit(".", 1)[0]  # "pytest_tfmem": its own bookkeeping is not a leak
 _SHOWN_TYPES = 10
-_NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
 _TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
 _SHOWN_FUNCTIONS = 3
-_TYPE_MODULE = type.__dict__["__module__"]
-_TYPE_QUALNAME = type.__dict__["__qualname__"]
 _SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the first few
 _LAST_RANK = 4  # of _type_rank: builtins
 
@@ -147,27 +150,6 @@ class _EveryStep:
         }
 
 
-def _type_name(kind: type) -> str:
-    """``module.QualName``; some extension types carry a non-string ``__module__``."""
-    module = _TYPE_MODULE.__get__(kind, type)  # type's own descriptor: bypasses odd metaclasses
-    name = _TYPE_QUALNAME.__get__(kind, type)
-    module = module if isinstance(module, str) else "?"
-    return f"{module}.{name if isinstance(name, str) else kind.__name__}"
-
-
-def _own_types() -> list[type]:
-    """tfmem's own classes: its readings and reports are not the user's leak."""
-    own = []
-    for module_name, module in list(sys.modules.items()):
-        if module_name == _OWN_MODULE or module_name.startswith(_OWN_MODULE + "."):
-            own += [
-                value
-                for value in vars(module).values()
-                if isinstance(value, type) and _type_name(value).startswith(_OWN_MODULE + ".")
-            ]
-    return own
-
-
 def _loaded_classes(*paths: str) -> tuple[type, ...]:
     """Classes named ``module:attribute`` whose module is already imported (never imports)."""
     classes = []
@@ -195,42 +177,7 @@ def _type_rank(kind: type) -> int:
     for rank, classes in enumerate(tiers):
         if classes and issubclass(kind, classes):
             return rank
-    return len(tiers) + _type_name(kind).startswith("builtins.")  # at most _LAST_RANK
-
-
-def function_library_names() -> list[str] | None:
-    """Names of the functions in TF's eager context, or ``None`` before TF's runtime started."""
-    from pytest_tfmem.probes import tf as tf_probe
-
-    if not tf_probe.runtime_started():
-        return None
-    from tensorflow.python.eager import context  # loaded: runtime_started() found TF
-
-    return list(context.context().list_function_names())
-
-
-def function_group(name: str) -> str:
-    """``adam_dense_1_kernel_momentum_cond_true_1163`` -> ``adam_dense_kernel_momentum_cond_true``."""
-    return _NUMBERS.sub("", name)
-
-
-def keras_name_counters() -> dict[str, int]:
-    """Keras's per-prefix name counters (``dense`` -> 12), labelled by the Keras they belong to."""
-    counters: dict[str, int] = {}
-    keras3_state = sys.modules.get("keras.src.backend.common.global_state")
-    if keras3_state is not None:
-        uids = keras3_state.get_global_attribute("object_name_uids") or {}
-        counters.update({f"{prefix} (keras)": count for prefix, count in uids.items()})
-    for module_name in ("tf_keras.src.backend", "keras.src.backend"):  # Keras 2: one counter per graph
-        per_graph = getattr(sys.modules.get(module_name), "PER_GRAPH_OBJECT_NAME_UIDS", None)
-        if per_graph is None:
-            continue
-        keras_name = module_name.split(".")[0]
-        for graph_uids in list(per_graph.values()):
-            for prefix, count in graph_uids.items():
-                key = f"{prefix} ({keras_name})"
-                counters[key] = counters.get(key, 0) + count
-    return counters
+    return len(tiers) + type_name(kind).startswith("builtins.")  # at most _LAST_RANK
 
 
 class GrowthTracker:
@@ -238,7 +185,7 @@ class GrowthTracker:
 
     def __init__(self) -> None:
         self._types = _EveryStep()
-        self._own_types = set(_own_types())
+        self._own_types = set(own_types())
         self._container_baseline: dict[int, int] | None = None
         self._steps = -1  # observations after the baseline
         self._library: tuple[int, int] | None = None  # (size at first observation, size now)
@@ -288,12 +235,12 @@ class GrowthTracker:
         self._names.observe(keras_name_counters())
 
     def diagnosis(self) -> LeakDiagnosis:
-        type_growth = {_type_name(kind): (kind, growth) for kind, growth in self._types.growths().items()}
+        type_growth = {type_name(kind): (kind, growth) for kind, growth in self._types.growths().items()}
         ranked = sorted(
             type_growth,
             key=lambda name: (_type_rank(type_growth[name][0]), type_growth[name][1][0], name),
         )
-        labels = _short_labels(ranked)
+        labels = short_labels(ranked)
         growing = dict(self._growing_containers())
         alive = _objects_by_id(set(growing))
         containers = sorted(  # what they hold ranks them: models before thread-locals or weakrefs
@@ -351,13 +298,6 @@ def _growth(label: str, value: tuple[float, int, int]) -> Growth:
 
 def _by_growth(growths: Iterable[Growth]) -> tuple[Growth, ...]:
     return tuple(sorted(growths, key=lambda g: (-g.per_iteration, g.label)))
-
-
-def _short_labels(names: list[str]) -> dict[str, str]:
-    """``keras.src.layers.core.dense.Dense`` -> ``Dense``, unless two growing types share it."""
-    short = {name: name.rsplit(".", 1)[-1] for name in names}
-    clashes = collections.Counter(short.values())
-    return {name: label if clashes[label] == 1 else name for name, label in short.items()}
 
 
 def _objects_by_id(ids: set[int]) -> dict[int, Any]:

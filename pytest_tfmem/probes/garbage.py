@@ -51,22 +51,31 @@ class Collector:
         base = max(FULL_AFTER_GROWTH, int(self._rss_after_full * FULL_AFTER_GROWTH_SHARE))
         return base * self._allowance_factor
 
-    def collect(self) -> None:
-        """Collect garbage, full or young, and freeze what survived."""
+    def collect(self, before_freeze: Callable[[], object] | None = None) -> None:
+        """Collect garbage, full or young, and freeze what survived.
+
+        ``before_freeze`` runs once the young objects are collected and before the survivors are
+        frozen: ``gc.get_objects()`` then lists the objects made since the last freeze that are
+        still alive (a full collection, when one is due, comes after it).
+        """
         if self._full_at is None:  # (not gc.get_freeze_count(): it counts the frozen objects, ~30 ms)
             self._freeze_first()
             return
         rss = self._rss()
         grown = rss - self._rss_after_full
-        if grown >= self._allowance():
-            self._collect_full()
-            given_back = rss - self._rss_after_full
-            live = given_back < grown / 2
-            self._allowance_factor = min(self._allowance_factor * 2, MAX_ALLOWANCE_FACTOR) if live else 1
-        elif (self._clock() - self._full_at) * FULL_TIME_SHARE > self._full_cost:
-            self._collect_full()
-        else:
+        full_by_growth = grown >= self._allowance()
+        full = full_by_growth or (self._clock() - self._full_at) * FULL_TIME_SHARE > self._full_cost
+        if before_freeze is not None or not full:
             gc.collect()
+        if before_freeze is not None:
+            before_freeze()
+        if full:
+            self._collect_full()
+            if full_by_growth:
+                given_back = rss - self._rss_after_full
+                live = given_back < grown / 2
+                self._allowance_factor = min(self._allowance_factor * 2, MAX_ALLOWANCE_FACTOR) if live else 1
+        else:
             gc.freeze()
             self.young_collections += 1
 

@@ -113,3 +113,18 @@ def clear_keras_sessions() -> list[str]:
             backend.clear_session()
             cleared.append(f"{module_name}.backend.clear_session()")
     return cleared
+
+
+def clear_sessions() -> list[str]:
+    """What a conftest file's clean-up fixture does after each test: every loaded Keras's
+    ``clear_session()``, TensorFlow's default graph reset; return what was cleared."""
+    cleared = clear_keras_sessions()
+    tf = loaded_tensorflow()
+    if tf is not None:
+        try:
+            tf.compat.v1.reset_default_graph()
+        except (AssertionError, AttributeError):  # inside a graph's context: not ours to reset
+            pass
+        else:
+            cleared.append("tf.compat.v1.reset_default_graph()")
+    return cleared

@@ -1,0 +1,350 @@
+"""What each test leaves behind, and the session's account: readings at test boundaries.
+
+Between two tests the process is read once (after the garbage collection and ``malloc_trim``
+that open a measurement window): a ``Level``. The level after one test's teardown is the level
+before the next one's setup, so a test's *retained* figure, the difference of the levels at its
+two ends, adds up with its neighbours' to the session's growth by construction. What changed
+the level inside a test's span but is not the test's (a fixture of module, class, package or
+session scope set up or torn down there, a first import, TensorFlow's runtime starting) is a
+``Booking`` of its own, left out of the test's figure, so the books still balance.
+
+Two views, so that tensors TensorFlow took back into its pool do not count and tensors still
+alive do: host memory outside TensorFlow's pool (RSS less the pool, estimated from the highest
+level TensorFlow's CPU allocator ever had in use: its pool never shrinks; see ``ResidentPool``)
+and TensorFlow's CPU allocator in use. A test's headline ``bytes`` is their sum. The RSS growth of the session is
+the tests' and bookings' figures, plus the growth of the pool's free part (memory TensorFlow
+keeps for reuse), plus what grew between measured tests (tests not measured, ...).
+
+Pure values and arithmetic; ``current_level`` is the one reader.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_tfmem.core import measure
+from pytest_tfmem.probes import host
+from pytest_tfmem.probes.tf import TFAllocator
+from pytest_tfmem.units import format_size
+
+TEST, FIXTURE, IMPORT, RUNTIME = "test", "fixture", "first import", "runtime"
+NOTABLE_RETAINER = 2**20  # a retainer that left (or held) less is not listed among the top
+
+
+@dataclass(frozen=True)
+class Level:
+    """The process at one test boundary, in bytes."""
+
+    rss: int
+    tf_in_use: int = 0  # TensorFlow's CPU allocator, in use
+    tf_pool: int = 0  # the pool's estimate: the highest level ever in use
+
+    @property
+    def outside_pool(self) -> int:
+        return self.rss - self.tf_pool
+
+    @property
+    def held(self) -> int:
+        """Host memory outside TensorFlow's pool plus tensors alive in it."""
+        return self.outside_pool + self.tf_in_use
+
+    @property
+    def pool_free(self) -> int:
+        return self.tf_pool - self.tf_in_use
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Level:
+        return cls(int(data["rss"]), int(data.get("tf_in_use", 0)), int(data.get("tf_pool", 0)))
+
+
+def _tf_cpu_allocator() -> TFAllocator | None:
+    sources = (tracker.source for tracker in measure.probes().trackers())
+    return next((s for s in sources if isinstance(s, TFAllocator) and s.device == "CPU:0"), None)
+
+
+def current_level() -> Level:
+    """The process now (no collection: see ``read_level``)."""
+    allocator = _tf_cpu_allocator()
+    if allocator is None:
+        return Level(host.current_rss())
+    allocator.peak()  # the highest level since the last reset counts towards the pool
+    in_use = allocator.current()
+    return Level(host.current_rss(), in_use, allocator.pool_estimate)
+
+
+class ResidentPool:
+    """TensorFlow's pool as resident memory, from one boundary reading to the next.
+
+    The allocator's highest level in use overstates what the pool holds in RSS: it counts chunks
+    rounded up, and pages never touched (a 20 MiB tensor raised it by 32 MiB and RSS by 20 MiB).
+    So between two readings the resident pool grows by the rise of that highest level, but by no
+    more than RSS grew; it never shrinks (TensorFlow does not hand its pool back).
+    """
+
+    def __init__(self) -> None:
+        self._highest = 0
+        self._resident = 0
+        self._rss: int | None = None
+
+    def level(self, reading: Level, *, keep: bool = True) -> Level:
+        """``reading`` (whose ``tf_pool`` is the allocator's highest level) with the resident pool;
+        ``keep=False`` leaves the estimate as it was (a look between two boundaries)."""
+        resident = self._resident
+        if reading.tf_pool > self._highest:
+            rise = reading.tf_pool - self._highest
+            resident += rise if self._rss is None else min(rise, max(0, reading.rss - self._rss))
+        if keep:
+            self._highest = max(self._highest, reading.tf_pool)
+            self._resident, self._rss = resident, reading.rss
+        return Level(reading.rss, reading.tf_in_use, resident)
+
+
+def read_level(collect: Callable[[], object]) -> Level:
+    """The process after ``collect`` and handing freed heap back, as a window opens."""
+    host.release_freed_memory(collect)
+    return current_level()
+
+
+@dataclass(frozen=True)
+class Booking:
+    """A change of the level inside a test's span that is not the test's: ``kind`` (``FIXTURE``,
+    ``IMPORT``, ``RUNTIME``), ``name`` (``big_table (module scope)``, ``tensorflow``), ``detail``
+    (``setup``, ``teardown``)."""
+
+    kind: str
+    name: str
+    detail: str
+    host_bytes: int
+    tf_bytes: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return self.host_bytes + self.tf_bytes
+
+    @classmethod
+    def between(cls, kind: str, name: str, detail: str, before: Level, after: Level) -> Booking:
+        return cls(kind, name, detail, after.outside_pool - before.outside_pool, after.tf_in_use - before.tf_in_use)
+
+
+@dataclass(frozen=True)
+class Retained:
+    """What one test left behind: the levels at its two ends, less its span's bookings.
+
+    ``seq`` orders a process's tests; ``worker`` is the pytest-xdist worker (``None`` without);
+    ``stayed`` says what stayed (for a test over the threshold); ``cleared`` what
+    ``--tfmem-clear-session`` gave back after it (``None`` when it is off).
+    """
+
+    before: Level
+    after: Level
+    bookings: tuple[Booking, ...] = ()
+    seq: int = 0
+    worker: str | None = None
+    stayed: tuple[str, ...] = ()
+    cleared: int | None = None
+
+    @property
+    def host_bytes(self) -> int:
+        return self.after.outside_pool - self.before.outside_pool - sum(b.host_bytes for b in self.bookings)
+
+    @property
+    def tf_bytes(self) -> int:
+        return self.after.tf_in_use - self.before.tf_in_use - sum(b.tf_bytes for b in self.bookings)
+
+    @property
+    def bytes(self) -> int:
+        """The headline: host memory outside TensorFlow's pool plus TensorFlow tensors, kept."""
+        return self.host_bytes + self.tf_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(bytes=self.bytes, host_bytes=self.host_bytes, tf_bytes=self.tf_bytes)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Retained:
+        return cls(
+            before=Level.from_dict(data["before"]),
+            after=Level.from_dict(data["after"]),
+            bookings=tuple(Booking(**booking) for booking in data.get("bookings", ())),
+            seq=int(data.get("seq", 0)),
+            worker=data.get("worker"),
+            stayed=tuple(data.get("stayed", ())),
+            cleared=data.get("cleared"),
+        )
+
+
+@dataclass(frozen=True)
+class Retainer:
+    """One entry of the account's top list: a test, a fixture, a first import, with what it
+    left (``bytes``) and what stayed or what it was (``what``). ``held`` is what a fixture
+    held from its setup to its teardown (its ``bytes`` is what it left after its teardown)."""
+
+    kind: str
+    name: str
+    bytes: int
+    what: str = ""
+    held: int | None = None
+    worker: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessAccount:
+    """One process's books (the session's, or one pytest-xdist worker's): its measured tests'
+    ``(node id, Retained)`` in the order they ran."""
+
+    worker: str | None
+    tests: tuple[tuple[str, Retained], ...]
+
+    @property
+    def start(self) -> Level:
+        return self.tests[0][1].before
+
+    @property
+    def end(self) -> Level:
+        return self.tests[-1][1].after
+
+    @property
+    def growth(self) -> int:
+        """RSS at the end less RSS at the start."""
+        return self.end.rss - self.start.rss
+
+    @property
+    def tests_bytes(self) -> int:
+        return sum(retained.bytes for _, retained in self.tests)
+
+    def bookings(self, kind: str) -> list[tuple[str, Booking]]:
+        return [(nodeid, b) for nodeid, retained in self.tests for b in retained.bookings if b.kind == kind]
+
+    def booked_bytes(self, kind: str) -> int:
+        return sum(b.bytes for _, b in self.bookings(kind))
+
+    @property
+    def pool_free_growth(self) -> int:
+        """Growth of TensorFlow's pool's free part: memory TensorFlow keeps for reuse."""
+        return self.end.pool_free - self.start.pool_free
+
+    @property
+    def between_tests(self) -> int:
+        """What grew between one measured test's end and the next one's start."""
+        pairs = zip(self.tests, self.tests[1:])
+        return sum(after[1].before.held - before[1].after.held for before, after in pairs)
+
+    @property
+    def explained(self) -> int:
+        """The growth the tests, the bookings and TensorFlow's pool account for."""
+        return self.growth - self.between_tests
+
+    @property
+    def explained_share(self) -> float | None:
+        return None if self.growth <= 0 else self.explained / self.growth
+
+    @property
+    def cleared(self) -> int | None:
+        figures = [retained.cleared for _, retained in self.tests if retained.cleared is not None]
+        return sum(figures) if figures else None
+
+    def retainers(self) -> list[Retainer]:
+        """Every test, fixture and first import with what it left, largest first."""
+        found = [
+            Retainer(TEST, nodeid, retained.bytes, "; ".join(retained.stayed), worker=self.worker)
+            for nodeid, retained in self.tests
+        ]
+        fixtures: dict[str, list[Booking]] = {}
+        for _, booking in self.bookings(FIXTURE):
+            fixtures.setdefault(booking.name, []).append(booking)
+        for name, bookings in fixtures.items():
+            held = sum(b.bytes for b in bookings if b.detail == "setup")
+            left = sum(b.bytes for b in bookings)
+            what = f"held {format_size(held, signed=True)} from its setup to its teardown"
+            found.append(Retainer(FIXTURE, name, left, what, held, self.worker))
+        for kind in (IMPORT, RUNTIME):
+            found += [Retainer(kind, b.name, b.bytes, b.detail, worker=self.worker) for _, b in self.bookings(kind)]
+        return sorted(found, key=lambda r: (-max(r.bytes, r.held or 0), r.name))
+
+    def to_dict(self) -> dict[str, Any]:
+        fixtures = [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(FIXTURE)]
+        imports = [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(IMPORT)]
+        runtime = [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(RUNTIME)]
+        return {
+            "worker": self.worker,
+            "tests": len(self.tests),
+            "start_bytes": self.start.rss,
+            "end_bytes": self.end.rss,
+            "growth_bytes": self.growth,
+            "start": asdict(self.start),
+            "end": asdict(self.end),
+            "tests_retained_bytes": self.tests_bytes,
+            "fixtures": fixtures,
+            "imports": imports,
+            "runtime": runtime,
+            "tf_pool_free_growth_bytes": self.pool_free_growth,
+            "between_tests_bytes": self.between_tests,
+            "explained_bytes": self.explained,
+            "explained_share": self.explained_share,
+            "cleared_bytes": self.cleared,
+        }
+
+
+def process_accounts(entries: Iterable[tuple[str, Retained]]) -> list[ProcessAccount]:
+    """One account per process (worker), from ``(node id, Retained)`` pairs in any order."""
+    ordered = sorted(entries, key=lambda entry: (entry[1].worker or "", entry[1].seq))
+    return [
+        ProcessAccount(worker, tuple(group))
+        for worker, group in itertools.groupby(ordered, key=lambda entry: entry[1].worker)
+    ]
+
+
+@dataclass(frozen=True)
+class SessionAccount:
+    """The whole session: one ``ProcessAccount`` per process that ran tests, merged."""
+
+    processes: tuple[ProcessAccount, ...] = field(default_factory=tuple)
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[str, Retained]]) -> SessionAccount:
+        return cls(tuple(process_accounts(entries)))
+
+    def total(self, figure: Callable[[ProcessAccount], int]) -> int:
+        return sum(figure(process) for process in self.processes)
+
+    @property
+    def growth(self) -> int:
+        return self.total(lambda p: p.growth)
+
+    @property
+    def explained_share(self) -> float | None:
+        growth = self.growth
+        return None if growth <= 0 else self.total(lambda p: p.explained) / growth
+
+    @property
+    def cleared(self) -> int | None:
+        figures = [p.cleared for p in self.processes if p.cleared is not None]
+        return sum(figures) if figures else None
+
+    def top_retainers(self, count: int, at_least: int = NOTABLE_RETAINER) -> list[Retainer]:
+        """Who had left the most (or, for a fixture, held), at least ``at_least``, over every process."""
+        every = [r for p in self.processes for r in p.retainers() if max(r.bytes, r.held or 0) >= at_least]
+        return sorted(every, key=lambda r: (-max(r.bytes, r.held or 0), r.name))[:count]
+
+    def to_dict(self) -> dict[str, Any] | None:
+        if not self.processes:
+            return None
+        return {
+            "start_bytes": self.total(lambda p: p.start.rss),
+            "end_bytes": self.total(lambda p: p.end.rss),
+            "growth_bytes": self.growth,
+            "tests_retained_bytes": self.total(lambda p: p.tests_bytes),
+            "fixtures_bytes": self.total(lambda p: p.booked_bytes(FIXTURE)),
+            "imports_bytes": self.total(lambda p: p.booked_bytes(IMPORT)),
+            "runtime_bytes": self.total(lambda p: p.booked_bytes(RUNTIME)),
+            "tf_pool_free_growth_bytes": self.total(lambda p: p.pool_free_growth),
+            "between_tests_bytes": self.total(lambda p: p.between_tests),
+            "explained_share": self.explained_share,
+            "cleared_bytes": self.cleared,
+            "workers": [process.to_dict() for process in self.processes],
+        }
+

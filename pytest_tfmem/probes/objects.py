@@ -1,0 +1,78 @@
+"""Python-level state a diagnosis reads: object types by name, TensorFlow's eager function
+library, Keras's name counters. Shared by the leak check's diagnosis and by what a test left
+behind; nothing here imports TensorFlow or Keras (their state is read once user code loaded them).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import sys
+
+from pytest_tfmem.probes import tf as tf_probe
+
+OWN_PACKAGE = __name__.split(".")[0]  # "pytest_tfmem": its own bookkeeping is not the user's
+_NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
+_TYPE_MODULE = type.__dict__["__module__"]
+_TYPE_QUALNAME = type.__dict__["__qualname__"]
+
+
+def type_name(kind: type) -> str:
+    """``module.QualName``; some extension types carry a non-string ``__module__``."""
+    module = _TYPE_MODULE.__get__(kind, type)  # type's own descriptor: bypasses odd metaclasses
+    name = _TYPE_QUALNAME.__get__(kind, type)
+    module = module if isinstance(module, str) else "?"
+    return f"{module}.{name if isinstance(name, str) else kind.__name__}"
+
+
+def own_types() -> list[type]:
+    """tfmem's own classes: its readings and reports are not the user's leak."""
+    own = []
+    for module_name, module in list(sys.modules.items()):
+        if module_name == OWN_PACKAGE or module_name.startswith(OWN_PACKAGE + "."):
+            own += [
+                value
+                for value in vars(module).values()
+                if isinstance(value, type) and type_name(value).startswith(OWN_PACKAGE + ".")
+            ]
+    return own
+
+
+def short_labels(names: list[str]) -> dict[str, str]:
+    """``keras.src.layers.core.dense.Dense`` -> ``Dense``, unless two of ``names`` share it."""
+    short = {name: name.rsplit(".", 1)[-1] for name in names}
+    clashes = collections.Counter(short.values())
+    return {name: label if clashes[label] == 1 else name for name, label in short.items()}
+
+
+def function_library_names() -> list[str] | None:
+    """Names of the functions in TF's eager context, or ``None`` before TF's runtime started."""
+    if not tf_probe.runtime_started():
+        return None
+    from tensorflow.python.eager import context  # loaded: runtime_started() found TF
+
+    return list(context.context().list_function_names())
+
+
+def function_group(name: str) -> str:
+    """``adam_dense_1_kernel_momentum_cond_true_1163`` -> ``adam_dense_kernel_momentum_cond_true``."""
+    return _NUMBERS.sub("", name)
+
+
+def keras_name_counters() -> dict[str, int]:
+    """Keras's per-prefix name counters (``dense`` -> 12), labelled by the Keras they belong to."""
+    counters: dict[str, int] = {}
+    keras3_state = sys.modules.get("keras.src.backend.common.global_state")
+    if keras3_state is not None:
+        uids = keras3_state.get_global_attribute("object_name_uids") or {}
+        counters.update({f"{prefix} (keras)": count for prefix, count in uids.items()})
+    for module_name in ("tf_keras.src.backend", "keras.src.backend"):  # Keras 2: one counter per graph
+        per_graph = getattr(sys.modules.get(module_name), "PER_GRAPH_OBJECT_NAME_UIDS", None)
+        if per_graph is None:
+            continue
+        keras_name = module_name.split(".")[0]
+        for graph_uids in list(per_graph.values()):
+            for prefix, count in graph_uids.items():
+                key = f"{prefix} ({keras_name})"
+                counters[key] = counters.get(key, 0) + count
+    return counters

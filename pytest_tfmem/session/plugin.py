@@ -1,0 +1,338 @@
+"""The session as a loop: what each measured test leaves behind, who holds it, the account.
+
+The process is read at every boundary between measured tests (``core.retained``): once before
+a test's setup, once after its teardown (that reading is the next test's start). A fixture of
+module, class, package or session scope is read around its setup and its teardown, and what
+those changed is booked to the fixture by name, not to the test in whose span it happened. A
+test's retained figure goes on its record (so on its teardown report: it travels to the
+pytest-xdist controller like every figure), and the checks on it (``--tfmem-max-retained``, a
+baseline's retained figure) fail the test as an error at its teardown.
+
+``--tfmem-clear-session`` cleans up after each test (Keras's ``clear_session``, TensorFlow's
+default graph, a collection) and the summary says what that gave back.
+
+What other parts of a session read here: ``books(config).last_boundary``, the process after the
+last measured test's teardown (read once; a limit on the process reads it rather than the
+process again), and ``core.record.session_account(records).top_retainers(n)``, who left the most
+(also in a pytest-xdist worker, from its own records).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_tfmem.core import features, measure, processes, settings
+from pytest_tfmem.core.features import Summary
+from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
+from pytest_tfmem.core.pytest_internals import release_fixture_values
+from pytest_tfmem.core.record import TestRecord, publish, session_account
+from pytest_tfmem.core.retained import (
+    FIXTURE,
+    IMPORT,
+    RUNTIME,
+    Booking,
+    Level,
+    ResidentPool,
+    Retained,
+    current_level,
+    read_level,
+)
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.errors import TfmemFailure, failure_for
+from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.session.stayed import Snapshot, Watcher
+from pytest_tfmem.session.summary import account_lines
+from pytest_tfmem.units import SIZE_FORMS, format_size
+
+DEFAULT_STAYED_THRESHOLD = "16MB"
+
+MAX_RETAINED = settings.Option(
+    "max_retained",
+    f"a test that leaves more than this behind after its teardown fails there (marker: max_retained=; "
+    f"None exempts); {SIZE_FORMS}",
+    settings.parse_optional_size,
+)
+STAYED_THRESHOLD = settings.Option(
+    "stayed_threshold",
+    f"say what stayed after a test that leaves more than this (default {DEFAULT_STAYED_THRESHOLD})",
+    settings.parse_optional_size,
+    settings.parse_optional_size(DEFAULT_STAYED_THRESHOLD, "default"),
+)
+CLEAR_SESSION = settings.Option(
+    "clear_session",
+    "after each test: keras.backend.clear_session() (Keras 3 and tf-keras, where loaded), TensorFlow's "
+    "default graph reset, a garbage collection; the summary says what it gave back (default off)",
+    settings.parse_bool,
+    False,
+    flag=True,
+)
+OPTIONS = [MAX_RETAINED, STAYED_THRESHOLD, CLEAR_SESSION]
+_BOOKS = pytest.StashKey["SessionBooks"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    settings.add_options(parser, OPTIONS)
+
+
+TFMEM_DECLARATIONS = features.Declarations(marker_keywords={"max_retained": settings.parse_optional_size})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_BOOKS] = SessionBooks(config)
+    config.pluginmanager.register(config.stash[_BOOKS], "tfmem-session")
+    manager(config).add_summary(Summary.SESSION, config.stash[_BOOKS].write_summary)
+
+
+def books(config: pytest.Config) -> SessionBooks:
+    """The session's books: the last boundary's reading, the tests' retained figures."""
+    return config.stash[_BOOKS]
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """The process after a measured test's teardown (``nodeid``): the level the next one starts from."""
+
+    nodeid: str
+    level: Level
+
+
+@dataclass
+class _Span:
+    """A measured test in progress: its start, and what was booked elsewhere since."""
+
+    nodeid: str
+    before: Level
+    snapshot: Snapshot
+    bookings: list[Booking] = field(default_factory=list)
+    import_mark: int = 0  # where the first imports' ledger stood at the start
+
+
+@dataclass
+class _Weighed:
+    stayed: tuple[str, ...] = ()  # what stayed after the test, where it left more than the threshold
+
+
+@dataclass
+class _FixtureWindow:
+    inner: list[Booking] = field(default_factory=list)  # fixtures set up inside this one's setup, at any depth
+
+
+class SessionBooks:
+    """Per-process state: the reading at the last boundary, the test in progress, the options."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        values = {option.name: settings.read_option(config, option) for option in OPTIONS}
+        self.max_retained: int | None = values["max_retained"][0]
+        self.stayed_threshold: int | None = values["stayed_threshold"][0]
+        self.clear_session: bool = values["clear_session"][0]
+        self.options_set = values["max_retained"][1] or self.clear_session
+        role = processes.role(config)
+        # An isolated test's process ends with its test: nothing it leaves stays in the session.
+        self.keeps_books = role.runs_tests and role is not processes.Role.CHILD
+        self.worker = processes.worker_id(config)
+        self.watcher = Watcher()
+        self.last_boundary: Boundary | None = None
+        self._pool = ResidentPool()
+        self._level: Level | None = None  # after the last measured test, if the next test is measured
+        self._span: _Span | None = None
+        self._seq = 0
+        self._fixtures: list[_FixtureWindow] = []
+        self._fixture_teardowns: dict[int, Level] = {}
+        # A fixture torn down whose value pytest still holds: booked at the next reading.
+        self._torn_down: tuple[pytest.FixtureDef[Any], Level] | None = None
+
+    def _read(self, before_freeze: Callable[[], object] | None = None) -> Level:
+        """The process after a collection (``before_freeze``: see ``Collector.collect``)."""
+        collector = manager(self.config).collector
+        level = self._pool.level(read_level(lambda: collector.collect(before_freeze)))
+        if self._torn_down is not None:
+            fixturedef, before = self._torn_down
+            self._torn_down = None
+            self._book_fixture(fixturedef, "teardown", before, level, [])
+        return level
+
+    def pytest_tfmem_measure_all(self) -> bool:
+        return self.options_set
+
+    # One test's span
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
+        tfmem = manager(self.config)
+        if not (self.keeps_books and tfmem.is_measured(item)):
+            self._level = None  # what this test leaves falls between measured tests
+            return (yield)
+        if self._level is None and self.last_boundary is None:
+            tfmem.trackers()  # the first test's window would start them: not the test's memory
+            measure.probes().trackers()
+        before = self._level if self._level is not None else self._read()
+        span = _Span(item.nodeid, before, self.watcher.snapshot())
+        if tfmem.prepare_tensorflow():  # TensorFlow was imported since: its runtime starts now
+            started = self._read()
+            span.bookings.append(Booking.between(RUNTIME, "TensorFlow's runtime start", "", before, started))
+        span.import_mark = tfmem.imports.mark()
+        self._span = span
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
+        try:
+            yield
+        except BaseException:
+            self._close(item)
+            raise
+        failure = self._close(item)
+        if failure is not None:
+            raise failure
+
+    def _close(self, item: pytest.Item) -> TfmemFailure | None:
+        """Read the boundary after the test's teardown; its retained figure and the checks on it."""
+        if self._span is None:
+            return None
+        release_fixture_values(item)
+        if self._torn_down is not None:
+            self._read()  # book the fixture torn down last before what stayed is weighed
+        self._span.bookings += [
+            Booking(IMPORT, booked.module, "first import", booked.host_bytes)
+            for booked in manager(self.config).imports.since(self._span.import_mark)
+        ]
+        before_clearing = None
+        if self.clear_session:
+            before_clearing = self._read()
+            tf_probe.clear_sessions()
+        weighed = _Weighed()
+        level = self._read(functools.partial(self._what_stayed, item, self._span, weighed))
+        span, self._span = self._span, None
+        self._level = level
+        self.last_boundary = Boundary(item.nodeid, level)
+        record = item.stash.get(RECORD, None)
+        if record is None:  # not measured after all (setup failed, skipped)
+            return None
+        self._seq += 1
+        cleared = None if before_clearing is None else before_clearing.held - level.held
+        record.retained = Retained(
+            span.before, level, tuple(span.bookings), self._seq, self.worker, weighed.stayed, cleared
+        )
+        verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]
+        record.verdicts += verdicts
+        publish(item, record)
+        failed = [v for v in verdicts if not v.ok]
+        if not failed:
+            return None
+        return failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
+
+    def _what_stayed(self, item: pytest.Item, span: _Span, weighed: _Weighed) -> None:
+        """For a test over the threshold, what stayed: run after the young objects were collected
+        and before the survivors are frozen, so ``gc.get_objects()`` lists the test's survivors."""
+        threshold = min(
+            (limit for limit in (self.stayed_threshold, self._limit(item)) if limit is not None), default=None
+        )
+        if threshold is None:
+            return
+        host.return_freed_heap()
+        now = self._pool.level(current_level(), keep=False)
+        booked = sum(booking.bytes for booking in span.bookings)
+        if now.held - span.before.held - booked > threshold:
+            try:
+                weighed.stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects())
+            except Exception as error:  # the diagnosis must never fail the test
+                weighed.stayed = (f"what stayed could not be read: {error!r}",)
+
+    def _limit(self, item: pytest.Item) -> int | None:
+        arguments = item.stash.get(ARGUMENTS, {})
+        return arguments.get("max_retained", self.max_retained)
+
+    @pytest.hookimpl
+    def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
+        """``--tfmem-max-retained`` (or the marker's ``max_retained=``)."""
+        limit = self._limit(item)
+        retained = record.retained
+        if limit is None or retained is None:
+            return None
+        relation = ">" if retained.bytes > limit else "<="
+        message = (
+            f"retained {format_size(retained.bytes)} {relation} max_retained {format_size(limit)} after the "
+            f"teardown (host outside TensorFlow's pool {format_size(retained.host_bytes, signed=True)}, TF CPU "
+            f"allocator {format_size(retained.tf_bytes, signed=True)})"
+        )
+        if retained.stayed:
+            message += "; what stayed: " + "; ".join(retained.stayed)
+        return Verdict("max_retained", retained.bytes <= limit, message)
+
+    # Fixtures of wider scope
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Generator[None, Any, Any]:
+        if self._span is None or fixturedef.scope == "function":
+            return (yield)
+        imports = manager(self.config).imports
+        before = self._read()
+        mark = imports.mark()
+        window = _FixtureWindow()
+        self._fixtures.append(window)
+        try:
+            return (yield)
+        finally:
+            self._fixtures.pop()
+            # First imports in its setup are booked to the import, not to the fixture as well
+            imported = [Booking(IMPORT, b.module, "first import", b.host_bytes) for b in imports.since(mark)]
+            booking = self._book_fixture(fixturedef, "setup", before, self._read(), [*window.inner, *imported])
+            if self._fixtures and booking is not None:  # set up inside another fixture's setup
+                self._fixtures[-1].inner += [booking, *window.inner]
+            fixturedef.addfinalizer(functools.partial(self._before_fixture_teardown, fixturedef))
+
+    def _before_fixture_teardown(self, fixturedef: pytest.FixtureDef[Any]) -> None:
+        """Added after the fixture's own finalizers, so it runs before them."""
+        if self._span is not None:
+            self._fixture_teardowns[id(fixturedef)] = self._read()
+
+    @pytest.hookimpl
+    def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any]) -> None:
+        """pytest lets go of the fixture's value after this hook: the next reading books its teardown."""
+        before = self._fixture_teardowns.pop(id(fixturedef), None)
+        if before is not None and self._span is not None:
+            self._torn_down = (fixturedef, before)
+
+    def _book_fixture(
+        self, fixturedef: pytest.FixtureDef[Any], detail: str, before: Level, after: Level, inner: list[Booking]
+    ) -> Booking | None:
+        """Book what changed from ``before`` to ``after``, less what ``inner`` booked elsewhere."""
+        if self._span is None:
+            return None
+        whole = Booking.between(FIXTURE, fixture_label(fixturedef), detail, before, after)
+        booking = Booking(
+            FIXTURE, whole.name, detail,
+            whole.host_bytes - sum(b.host_bytes for b in inner), whole.tf_bytes - sum(b.tf_bytes for b in inner),
+        )
+        self._span.bookings.append(booking)
+        return booking
+
+    # The account
+
+    def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not processes.role(self.config).writes_session_outputs:
+            return
+        account = session_account(manager(self.config).records)
+        lines = account_lines(account, always=self.clear_session)
+        if lines:
+            terminalreporter.write_sep("=", "tfmem: what the tests left behind")
+            for line in lines:
+                terminalreporter.write_line(line)
+
+
+_UNITTEST_CLASS_FIXTURE = "_unittest_setUpClass_fixture_"
+
+
+def fixture_label(fixturedef: pytest.FixtureDef[Any]) -> str:
+    """``big_table (module scope)``; a ``unittest.TestCase``'s ``TestX.setUpClass (class scope)``."""
+    name = fixturedef.argname
+    if name.startswith(_UNITTEST_CLASS_FIXTURE):
+        name = name[len(_UNITTEST_CLASS_FIXTURE):] + ".setUpClass"
+    return f"{name} ({fixturedef.scope} scope)"

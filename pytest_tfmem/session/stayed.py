@@ -1,0 +1,176 @@
+"""What stayed after a test: the lines that say what a test left behind, and who holds it.
+
+At each test's start a ``Snapshot`` is cheap: the lengths of the containers (lists, dicts, sets,
+deques) that the user's own modules hold as globals (test modules, conftest files, the project's
+code: modules outside the standard library and site-packages), the size of TensorFlow's eager
+function library, Keras's name counters and the number of modules imported. After a test that
+left more than the threshold, ``what_stayed`` compares them, and lists the objects that survived
+the test: after ``gc.freeze()`` at the previous window, ``gc.get_objects()`` lists only objects
+made since, so the new survivors cost no scan of the whole heap. NumPy arrays are not tracked by
+the collector: they are found through the containers that gained them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_tfmem.probes.objects import (
+    OWN_PACKAGE,
+    function_library_names,
+    keras_name_counters,
+    own_types,
+    short_labels,
+    type_name,
+)
+from pytest_tfmem.units import format_size
+
+_CONTAINERS = (list, dict, set, collections.deque)
+_SHOWN = 3
+_SHOWN_TYPES = 5
+_SMALL = 64 * 2**10  # new objects of pytest's own, or small builtins, are not worth a mention
+_FRAMEWORKS = ("keras", "tf_keras", "tensorflow")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cheap figures read at a test's start (see the module docstring)."""
+
+    modules: int
+    containers: dict[tuple[str, str], int] = field(default_factory=dict)  # (module, global) -> len
+    library: int | None = None
+    keras_names: dict[str, int] = field(default_factory=dict)
+
+
+def size_of(value: Any) -> int:
+    """Bytes an object holds: an array's buffer (``nbytes``), else its own size."""
+    try:  # a lazy module (Keras's for optional packages) imports on any attribute lookup
+        nbytes = getattr(value, "nbytes", None)
+    except Exception:
+        nbytes = None
+    if isinstance(nbytes, int):
+        return nbytes
+    try:
+        return sys.getsizeof(value)
+    except Exception:
+        return 0
+
+
+class Watcher:
+    """Takes snapshots and says what stayed; remembers which modules are the user's."""
+
+    def __init__(self) -> None:
+        paths = [sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+        # Both as configured and with links resolved; module files are compared as strings (no
+        # system call per module: a session imports thousands)
+        self._library_paths = tuple(
+            {os.path.join(form, "") for path in paths if path for form in (path, os.path.realpath(path))}
+        )
+        self._users: dict[str, bool] = {}
+        self._modules_seen = -1
+        self._watched: list[tuple[str, dict[str, Any]]] = []
+        self._own_types: set[type] | None = None
+
+    def _is_users(self, name: str, module: Any) -> bool:
+        known = self._users.get(name)
+        if known is None:
+            file = getattr(module, "__file__", None) if hasattr(module, "__dict__") else None
+            known = False
+            if isinstance(file, str) and name != OWN_PACKAGE and not name.startswith(OWN_PACKAGE + "."):
+                known = not file.startswith(self._library_paths)
+            self._users[name] = known
+        return known
+
+    def _watched_modules(self) -> list[tuple[str, dict[str, Any]]]:
+        if len(sys.modules) != self._modules_seen:
+            self._modules_seen = len(sys.modules)
+            self._watched = [  # each module is classified once: a later scan is dictionary lookups
+                (name, vars(module)) for name, module in list(sys.modules.items())
+                if self._is_users(name, module)
+            ]
+        return self._watched
+
+    def snapshot(self) -> Snapshot:
+        containers = {
+            (name, key): len(value)
+            for name, namespace in self._watched_modules()
+            for key, value in list(namespace.items())
+            if isinstance(value, _CONTAINERS)
+        }
+        library = function_library_names()
+        return Snapshot(len(sys.modules), containers, None if library is None else len(library), keras_name_counters())
+
+    def what_stayed(self, before: Snapshot, new_objects: Iterable[Any]) -> tuple[str, ...]:
+        """Lines naming what a test left: containers that grew, new objects, TF, Keras, modules."""
+        lines = self._grown_containers(before)
+        lines += self._new_objects(new_objects)
+        library = function_library_names()
+        if library is not None and len(library) > (before.library or 0):
+            lines.append(f"TF function library +{len(library) - (before.library or 0)} functions "
+                         f"({before.library or 0} -> {len(library)})")
+        grown = {
+            key: count - before.keras_names.get(key, 0)
+            for key, count in keras_name_counters().items() if count > before.keras_names.get(key, 0)
+        }
+        if grown:
+            names = sorted(grown.items(), key=lambda item: (-item[1], item[0]))
+            lines.append("Keras name counters " + ", ".join(f"+{count} {key}" for key, count in names[:_SHOWN]))
+        imported = list(sys.modules)[before.modules:]
+        if imported:
+            more = f", ... ({len(imported) - _SHOWN} more)" if len(imported) > _SHOWN else ""
+            lines.append(f"modules imported: {len(imported)} ({', '.join(imported[:_SHOWN])}{more})")
+        return tuple(lines)
+
+    def _grown_containers(self, before: Snapshot) -> list[str]:
+        found = []
+        namespaces = dict(self._watched_modules())
+        for (module, key), length in before.containers.items():
+            container = namespaces.get(module, {}).get(key)
+            if not isinstance(container, _CONTAINERS) or len(container) <= length:
+                continue
+            added = len(container) - length
+            if isinstance(container, dict):
+                items: list[Any] = list(container.values())[-added:]
+            elif isinstance(container, set):
+                items = []  # no order: which items are new is not known
+            else:
+                items = list(container)[-added:]
+            size = sum(map(size_of, items))
+            kinds = collections.Counter(type(item).__name__ for item in items)
+            held = "/".join(kind for kind, _ in kinds.most_common(_SHOWN))
+            what = f": {held} {format_size(size)}" if items else ""
+            found.append((size, f"{type(container).__name__} {key!r} (global of {module}) "
+                                f"+{added} item{'s' if added != 1 else ''}{what}"))
+        found.sort(key=lambda entry: -entry[0])
+        return [line for _, line in found[:_SHOWN]]
+
+    def _telling_type(self, kind: type) -> bool:
+        """A TensorFlow or Keras type, or one of the user's own: worth naming however small."""
+        module = type_name(kind).rsplit(".", 1)[0]
+        return module.split(".")[0] in _FRAMEWORKS or self._users.get(module, False)
+
+    def _new_objects(self, objects: Iterable[Any]) -> list[str]:
+        if self._own_types is None:
+            self._own_types = set(own_types())
+        counts: collections.Counter[type] = collections.Counter()
+        sizes: collections.Counter[type] = collections.Counter()
+        for value in objects:
+            kind = type(value)
+            if kind in self._own_types:
+                continue
+            counts[kind] += 1
+            sizes[kind] += size_of(value)
+        telling = [kind for kind in counts if sizes[kind] >= _SMALL or self._telling_type(kind)]
+        if not telling:
+            return []
+        ranked = sorted(telling, key=lambda kind: (-sizes[kind], -counts[kind]))[:_SHOWN_TYPES]
+        labels = short_labels([type_name(kind) for kind in ranked])
+        listed = ", ".join(
+            f"{labels[type_name(kind)]} +{counts[kind]} ({format_size(sizes[kind])})" for kind in ranked
+        )
+        return [f"new objects alive: {listed}"]

@@ -1,0 +1,290 @@
+"""What each test leaves behind, on real pytest runs: retained figures, fixtures booked by name,
+the session's account (terminal, JSON report, ``tfmem show``, ``tfmem plot --session``),
+``--tfmem-max-retained`` and ``--tfmem-clear-session``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MIB = 2**20
+# What a test that keeps nothing may still read: pytest's own reports, a page here and there.
+NOISE = 2 * MIB
+
+SUITE = """
+    import numpy as np
+    import pytest
+
+    _CACHE = []
+    KEPT = []
+
+    @pytest.fixture(scope="module")
+    def big_table():
+        table = np.ones(40 * 2**20 // 8)
+        yield table
+        del table
+
+    def test_warms_up():
+        pass
+
+    @pytest.mark.tfmem(max_retained=None)  # exempt from --tfmem-max-retained=50MB
+    def test_keeps_a_cache():
+        _CACHE.append(np.ones(60 * 2**20 // 8))
+
+    def test_uses_the_table(big_table):
+        assert big_table.sum() > 0
+
+    def test_frees_what_it_made():
+        block = np.ones(30 * 2**20 // 8)
+        del block
+
+    @pytest.mark.tfmem(max_retained="10MB")
+    def test_keeps_too_much():
+        KEPT.append(np.ones(20 * 2**20 // 8))
+
+    def test_imports_a_module():
+        import heavy_module  # keeps 30 MiB: the import's, not the test's
+
+    def test_uses_the_table_last(big_table):
+        pass
+"""
+HEAVY_MODULE = """
+import numpy as np
+
+DATA = np.ones(30 * 2**20 // 8)
+"""
+
+
+@dataclass
+class Run:
+    folder: Path
+    returncode: int
+    output: str
+    report: dict
+
+    def test(self, name: str) -> dict:
+        return next(t for t in self.report["tests"] if t["nodeid"].endswith("::" + name))
+
+
+def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=folder, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    folder = tmp_path_factory.mktemp("session")
+    (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
+    (folder / "heavy_module.py").write_text(HEAVY_MODULE)
+    done = _run(
+        folder, "test_suite.py", "--tfmem-report=report.json", "--tfmem-max-retained=50MB", "--tfmem-clear-session"
+    )
+    return Run(folder, done.returncode, done.stdout + done.stderr, json.loads((folder / "report.json").read_text()))
+
+
+def test_a_test_that_fills_a_module_cache_is_named_with_what_stayed(numpy_run: Run):
+    cache = numpy_run.test("test_keeps_a_cache")
+    assert abs(cache["retained_bytes"] - 60 * MIB) < NOISE, cache["retained_bytes"]
+    assert abs(cache["retained_host_bytes"] - 60 * MIB) < NOISE and cache["retained_tf_bytes"] == 0
+    stayed = "; ".join(cache["retained"]["stayed"])
+    assert "list '_CACHE' (global of test_suite) +1 item: ndarray 60.0 MiB" in stayed
+    for name in ("test_frees_what_it_made", "test_uses_the_table", "test_uses_the_table_last", "test_imports_a_module"):
+        assert abs(numpy_run.test(name)["retained_bytes"]) < NOISE, name
+        assert numpy_run.test(name)["retained"]["stayed"] == []  # under the threshold: nothing to say
+
+
+def test_a_module_fixture_is_booked_to_the_fixture_by_name_not_to_tests(numpy_run: Run):
+    (worker,) = numpy_run.report["session"]["workers"]
+    bookings = {(b["name"], b["detail"]): b for b in worker["fixtures"]}
+    setup = bookings["big_table (module scope)", "setup"]
+    teardown = bookings["big_table (module scope)", "teardown"]
+    assert setup["test"].endswith("::test_uses_the_table") and teardown["test"].endswith("::test_uses_the_table_last")
+    assert abs(setup["bytes"] - 40 * MIB) < NOISE and abs(teardown["bytes"] + 40 * MIB) < NOISE
+
+
+def test_a_first_import_in_a_test_is_booked_to_the_import(numpy_run: Run):
+    (worker,) = numpy_run.report["session"]["workers"]
+    (heavy,) = [b for b in worker["imports"] if b["name"] == "heavy_module"]
+    assert heavy["test"].endswith("::test_imports_a_module") and abs(heavy["bytes"] - 30 * MIB) < NOISE
+
+
+def test_retained_figures_and_bookings_add_up_to_the_sessions_growth(numpy_run: Run):
+    session = numpy_run.report["session"]
+    (worker,) = session["workers"]
+    assert worker["worker"] is None and worker["tests"] == 7
+    parts = ("tests_retained_bytes", "fixtures_bytes", "imports_bytes", "runtime_bytes",
+             "tf_pool_free_growth_bytes", "between_tests_bytes")  # fmt: skip
+    assert session["end_bytes"] - session["start_bytes"] == session["growth_bytes"] == sum(session[p] for p in parts)
+    assert session["tests_retained_bytes"] == sum(t["retained_bytes"] for t in numpy_run.report["tests"])
+    # What the suite keeps for good: the cache (60 MiB), the list (20 MiB), the module (30 MiB), within 4 MiB
+    assert abs(session["growth_bytes"] - 110 * MIB) < 4 * MIB, session["growth_bytes"]
+    assert abs(session["imports_bytes"] - 30 * MIB) < NOISE
+    assert session["explained_share"] == 1.0  # every test measured: nothing grew between them
+
+
+def test_the_terminal_gives_the_account_and_the_clear_session_line(numpy_run: Run):
+    lines = numpy_run.output.splitlines()
+    start = lines.index(next(line for line in lines if "tfmem: what the tests left behind" in line))
+    section = lines[start + 1 :]
+    assert section[0].startswith("process ") and "over 7 measured tests: tests +" in section[0], section[0]
+    assert "fixtures +" in section[0] and "first imports +30." in section[0] and "100% explained" in section[0]
+    assert section[1] == "who left the most:"
+    assert section[2].startswith("  test test_suite.py::test_keeps_a_cache +6")
+    assert "list '_CACHE' (global of test_suite) +1 item: ndarray 60.0 MiB" in section[2]
+    assert any(line.startswith("  fixture big_table (module scope) ") and "held +40.0 MiB" in line for line in section)
+    assert any(line.startswith("--tfmem-clear-session gave back ") and " over 7 tests" in line for line in section)
+    assert numpy_run.report["session"]["cleared_bytes"] is not None
+
+
+def test_max_retained_fails_the_test_as_an_error_at_its_teardown(numpy_run: Run):
+    assert numpy_run.returncode == pytest.ExitCode.TESTS_FAILED
+    assert "ERROR at teardown of test_keeps_too_much" in numpy_run.output
+    assert "7 passed, 1 error" in numpy_run.output  # the test passed; its teardown is the error
+    message = next(line for line in numpy_run.output.splitlines() if "tfmem: retained " in line)
+    assert "> max_retained 9.5 MiB after the teardown" in message and "list 'KEPT' (global of test_suite)" in message
+    verdicts = {v["check"]: v["ok"] for v in numpy_run.test("test_keeps_too_much")["verdicts"]}
+    assert verdicts["max_retained"] is False
+    assert numpy_run.test("test_keeps_a_cache")["outcome"] == "passed"  # exempt by its marker
+
+
+def test_tfmem_show_lists_the_retained_column_and_plot_session_writes_a_png(numpy_run: Run):
+    shown = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "show", "report.json"],
+                           cwd=numpy_run.folder, capture_output=True, text=True, check=True).stdout.splitlines()
+    header = next(line for line in shown if line.startswith("test "))
+    assert header.split()[-2:] == ["retained", "result"]
+    cache = next(line for line in shown if line.startswith("test_suite.py::test_keeps_a_cache"))
+    assert cache.split()[-3:-1] == ["+60.0", "MiB"] or cache.split()[-3].startswith("+6")
+    plotted = subprocess.run(
+        [sys.executable, "-m", "pytest_tfmem.cli.main", "plot", "report.json", "--session", "-o", "session.png"],
+        cwd=numpy_run.folder, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert plotted.returncode == 0, plotted.stderr
+    assert plotted.stdout.strip() == "session.png: the process after each of 7 test(s)"
+    assert (numpy_run.folder / "session.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_baseline_records_retained_figures_and_a_test_that_starts_leaking_regresses(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    pytester.makepyfile(test_leaky="""
+        import os
+        import numpy as np
+        KEPT = []
+        def test_leaky():
+            if os.environ.get("LEAK"):
+                KEPT.append(np.ones(40 * 2**20 // 8))
+    """)
+    saved = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-save-baseline=base.json")
+    assert saved.ret == 0
+    entry = json.loads((pytester.path / "base.json").read_text())["tests"]["test_leaky.py::test_leaky"]
+    assert 0 <= entry["retained"] < NOISE
+    monkeypatch.setenv("LEAK", "1")
+    leaked = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-baseline=base.json")
+    assert leaked.ret == pytest.ExitCode.TESTS_FAILED
+    leaked.stdout.fnmatch_lines(["*ERROR at teardown of test_leaky*", "*tfmem: retained 40.* MiB vs baseline *"])
+
+
+def test_under_xdist_each_worker_has_its_account_merged_at_the_controller(pytester: pytest.Pytester):
+    pytester.makepyfile(test_two="""
+        import numpy as np
+        KEPT = []
+        def test_one():
+            KEPT.append(np.ones(40 * 2**20 // 8))
+        def test_two():
+            KEPT.append(np.ones(40 * 2**20 // 8))
+    """)
+    done = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--tfmem-report=report.json")
+    assert done.ret == 0
+    session = json.loads((pytester.path / "report.json").read_text())["session"]
+    workers = {worker["worker"]: worker for worker in session["workers"]}
+    assert sorted(workers) == ["gw0", "gw1"] and all(w["tests"] == 1 for w in workers.values())
+    assert session["start_bytes"] == sum(w["start_bytes"] for w in workers.values())
+    assert all(abs(w["tests_retained_bytes"] - 40 * MIB) < NOISE for w in workers.values())
+    lines = done.stdout.lines
+    assert any(line.startswith("gw0: ") and "over 1 measured test: tests +" in line for line in lines)
+    assert any(line.startswith("gw1: ") for line in lines)
+
+
+TF_SUITE = """
+    import keras
+    import tensorflow as tf
+
+    ALIVE = []
+
+    def test_names_a_layer():
+        assert keras.layers.Dense(2).name == "dense"
+
+    def test_names_a_layer_again():  # "dense_1" unless Keras's session was cleared in between
+        assert keras.layers.Dense(2).name == "dense"
+
+    def test_makes_tensors_and_drops_them():
+        block = tf.ones((20 * 2**20 // 4,))
+        del block
+
+    def test_keeps_a_tensor_alive():
+        ALIVE.append(tf.ones((10 * 2**20 // 4,)))
+
+    def test_drops_the_tensor():
+        ALIVE.clear()
+"""
+
+
+def test_tensors_back_in_tensorflows_pool_do_not_count_and_live_ones_do_and_keras_is_cleared(tmp_path: Path):
+    (tmp_path / "test_tf.py").write_text(textwrap.dedent(TF_SUITE))
+    environment = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_tf.py", "--tfmem-report=report.json",
+         "--tfmem-clear-session"],
+        cwd=tmp_path, capture_output=True, text=True, check=False, env={**__import__("os").environ, **environment},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests = {t["nodeid"].split("::")[1]: t for t in json.loads((tmp_path / "report.json").read_text())["tests"]}
+    dropped, alive, cleared = (tests[name] for name in
+                               ("test_makes_tensors_and_drops_them", "test_keeps_a_tensor_alive", "test_drops_the_tensor"))
+    # 20 MiB went back to TensorFlow's pool: RSS kept it, but it is the pool's, free for reuse
+    assert abs(dropped["retained_bytes"]) < NOISE, dropped["retained"]
+    assert dropped["retained"]["after"]["tf_pool"] - dropped["retained"]["before"]["tf_pool"] >= 20 * MIB
+    assert abs(alive["retained_tf_bytes"] - 10 * MIB) < NOISE and abs(alive["retained_host_bytes"]) < NOISE
+    assert abs(cleared["retained_tf_bytes"] + 10 * MIB) < NOISE
+    assert "--tfmem-clear-session gave back " in done.stdout and " over 5 tests" in done.stdout
+
+
+def test_the_resident_pool_grows_by_no_more_than_rss_did_and_never_shrinks():
+    from pytest_tfmem.core.retained import Level, ResidentPool
+
+    pool = ResidentPool()
+    assert pool.level(Level(rss=600 * MIB, tf_in_use=0, tf_pool=2 * MIB)).tf_pool == 2 * MIB  # the first reading
+    # a 20 MiB tensor raised the allocator's highest level by 32 MiB, RSS by 20 MiB
+    assert pool.level(Level(620 * MIB, 0, 34 * MIB), keep=False).tf_pool == 22 * MIB
+    grown = pool.level(Level(620 * MIB, 0, 34 * MIB))
+    assert grown.tf_pool == 22 * MIB and grown.held == 598 * MIB
+    assert pool.level(Level(610 * MIB, 10 * MIB, 34 * MIB)).tf_pool == 22 * MIB  # host freed, tensor alive
+
+
+def test_reports_written_before_retained_figures_still_load_and_show(tmp_path: Path):
+    from pytest_tfmem.core.summary import summary_rows
+    from pytest_tfmem.gates.reports import load_report
+
+    old = {
+        "format": "pytest-tfmem-report", "version": 1, "created": "2026-11-01T00:00:00+00:00", "exitstatus": 0,
+        "environment": {}, "baseline": None, "summary": {},
+        "tests": [{"nodeid": "t.py::test_a", "outcome": "passed", "budget": None, "verdicts": [], "extra": {},
+                   "measurement": {"views": [{"view": "host", "start": 0, "peak": 5, "end": 0}], "duration_s": 0.1}}],
+    }  # fmt: skip
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    report = load_report(tmp_path / "old.json")
+    assert report.tests[0].retained is None and report.to_dict()["session"] is None
+    assert "retained" not in summary_rows(report.tests, 10)[0]
+    plotted = subprocess.run(
+        [sys.executable, "-m", "pytest_tfmem.cli.main", "plot", "old.json", "--session", "-o", "s.png"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert plotted.returncode == 2 and "holds no retained figures" in plotted.stderr
