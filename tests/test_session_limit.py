@@ -25,7 +25,7 @@ from cgroup_helpers import memory_cgroup, oom_kills, run_pytest_in
 
 from pytest_tfmem.isolate.limit import auto_limit, parse_session_limit
 from pytest_tfmem.probes.system import MemoryLimit
-from pytest_tfmem.units import parse_size
+from pytest_tfmem.units import format_size, parse_size
 
 MiB = 2**20
 
@@ -99,9 +99,10 @@ def _size(text: str) -> int:
 
 def _run(folder: Path, source: str, *args: str) -> Run:
     (folder / "test_creep.py").write_text(source)
+    # Without the outer PYTEST_ADDOPTS, so pytest-randomly is switched off here: the tests run in file order.
     environment = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "PYTEST_ADDOPTS")}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", *args],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-v", *args],
         cwd=folder, env=environment, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     return Run(folder, done.returncode, done.stdout + done.stderr)
@@ -337,3 +338,60 @@ def test_spawned_replacements_are_fresh_interpreters(tmp_path: Path):
     run.lines.fnmatch_lines(["1 replacement process(es) started (fresh interpreters), ready in * s on average*"])
     session, replacement = (pid for pid, _ in _by_process(run.notes()))
     assert [note["parent"] for note in run.notes() if note["pid"] == replacement] == [session] * 6
+
+
+# A module fixture holds 100 MiB and each test leaves 80 MiB: a process crosses 260 MiB after its
+# second test, so six tests run in the session's process and two replacements.
+BOOKED = """
+import numpy as np
+import pytest
+
+KEPT = []
+
+
+@pytest.fixture(scope="module")
+def table():
+    return np.ones(100 * 2**20, dtype=np.uint8)  # filled: resident, anonymous
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_grows(table, n):
+    KEPT.append(np.ones(80 * 2**20, dtype=np.uint8))
+"""
+
+
+def test_replacement_processes_keep_books_and_the_crossing_names_retained_figures(tmp_path: Path):
+    run = _run(tmp_path, BOOKED, f"--tfmem-session-limit={LIMIT}", "--tfmem-report=report.json")
+    assert run.returncode == 0, run.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    retained = {test["nodeid"]: test["retained_bytes"] for test in report["tests"]}
+    assert len(retained) == 6  # the tests run in replacements too
+    assert all(78 * MiB < size < 84 * MiB for size in retained.values()), retained  # not the fixture's 100 MiB
+    # The account: one process per replacement, each start -> end, and the books add up.
+    session = report["session"]
+    workers = [process["worker"] for process in session["workers"]]
+    assert workers == [None, "replacement process 1", "replacement process 2"]
+    assert [process["tests"] for process in session["workers"]] == [2, 2, 2]
+    for process in session["workers"]:
+        (setup,) = [fixture for fixture in process["fixtures"] if fixture["detail"] == "setup"]
+        assert setup["name"] == "table (module scope)" and 95 * MiB < setup["bytes"] < 105 * MiB  # set up anew
+        assert process["explained_share"] > 0.95
+    assert session["growth_bytes"] == sum(process["growth_bytes"] for process in session["workers"])
+    run.lines.fnmatch_lines(
+        [
+            "*= tfmem: what the tests left behind =*",
+            "process * MiB -> * MiB (+*) over 2 measured tests: tests +*, fixtures +*",
+            "replacement process 1: * MiB -> * MiB (+*) over 2 measured tests: tests +*, fixtures +*",
+            "replacement process 2: * MiB -> * MiB (+*) over 2 measured tests: tests +*, fixtures +*",
+        ]
+    )
+    # The crossing's "left the most" are the tests' retained figures (the first test of each
+    # process is not charged the fixture it set up), and its size the account's end there.
+    crossings = run.crossings()
+    assert [c["who"] for c in crossings] == ["the session's process", "replacement process 1"]
+    for line, crossing, process in zip(re.findall(r"left the most there: (.*)", run.stdout), crossings,
+                                       session["workers"]):  # fmt: skip
+        named = dict(re.findall(r"(\S+) \+([\d.]+ MiB)", line))
+        assert len(named) == 2
+        assert named == {nodeid: format_size(retained[nodeid]) for nodeid in named}
+        assert crossing["held"] == format_size(process["end_bytes"])  # one reading of the boundary

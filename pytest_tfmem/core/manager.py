@@ -35,6 +35,7 @@ from pytest_tfmem.core.rerun import (
     rerun_test_body,
     separate_output,
 )
+from pytest_tfmem.core.retained import Boundary
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import render_table, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
@@ -133,6 +134,10 @@ class TfmemManager:
             (Summary.TABLE, self._write_table)
         ]
         self._imports: ImportLedger | None = None
+        # The process after the last measured test's teardown, read once by the session's books
+        # (the session feature, where it keeps them); a limit on the process (isolate) reads
+        # this rather than the process again.
+        self.last_boundary: Boundary | None = None
         remove_inherited_ledgers()
 
     @property

@@ -45,6 +45,7 @@ class Role(enum.Enum):
 
 _SESSION = pytest.StashKey[Session]()
 _CHILD = pytest.StashKey[bool]()
+_REPLACEMENT = pytest.StashKey[str]()
 
 
 def enter_child(config: pytest.Config, session: dict[str, Any]) -> None:
@@ -52,6 +53,27 @@ def enter_child(config: pytest.Config, session: dict[str, Any]) -> None:
     of the parent's); called before pytest configures the plugins."""
     config.stash[_CHILD] = True
     config.stash[_SESSION] = Session.from_dict(session)
+
+
+def enter_replacement(config: pytest.Config, number: int, worker: str | None) -> None:
+    """Make this process (a ``Role.CHILD`` already) the ``number``th replacement process of
+    the session's process, or of pytest-xdist ``worker``: it runs tests one after the other,
+    and what they leave stays in it, so it keeps books of its own (``process_label``)."""
+    config.stash[_REPLACEMENT] = f"replacement process {number}" + (f" of {worker}" if worker else "")
+
+
+def process_label(config: pytest.Config) -> str | None:
+    """The name of this process in the session's account when it is not the session's own: a
+    pytest-xdist worker's id (``gw0``), ``replacement process 2`` (``... of gw0``)."""
+    return config.stash.get(_REPLACEMENT, None) or worker_id(config)
+
+
+def keeps_books(config: pytest.Config) -> bool:
+    """This process runs tests one after the other for the session, so what a test leaves stays
+    for the next: the session's own, a pytest-xdist worker, a replacement process; not an
+    isolated test's process, which ends with its test."""
+    current = role(config)
+    return current.runs_tests and (current is not Role.CHILD or _REPLACEMENT in config.stash)
 
 
 def role(config: pytest.Config) -> Role:

@@ -133,7 +133,8 @@ class Booking:
 class Retained:
     """What one test left behind: the levels at its two ends, less its span's bookings.
 
-    ``seq`` orders a process's tests; ``worker`` is the pytest-xdist worker (``None`` without);
+    ``seq`` orders a process's tests; ``worker`` names the process that ran it when that is not the
+    session's own (``processes.process_label``: a pytest-xdist worker, a replacement process);
     ``stayed`` says what stayed (for a test over the threshold); ``cleared`` what
     ``--tfmem-clear-session`` gave back after it (``None`` when it is off).
     """
@@ -178,6 +179,17 @@ class Retained:
 
 
 @dataclass(frozen=True)
+class Boundary:
+    """The process after a measured test's teardown (``nodeid``), read once: the level the next
+    test starts from, and the test's retained figure (``None`` where the test got none: not
+    measured after all, its setup skipped)."""
+
+    nodeid: str
+    level: Level
+    retained: Retained | None = None
+
+
+@dataclass(frozen=True)
 class Retainer:
     """One entry of the account's top list: a test, a fixture, a first import, with what it
     left (``bytes``) and what stayed or what it was (``what``). ``held`` is what a fixture
@@ -193,8 +205,8 @@ class Retainer:
 
 @dataclass(frozen=True)
 class ProcessAccount:
-    """One process's books (the session's, or one pytest-xdist worker's): its measured tests'
-    ``(node id, Retained)`` in the order they ran."""
+    """One process's books (the session's, a pytest-xdist worker's, a replacement process's):
+    its measured tests' ``(node id, Retained)`` in the order they ran."""
 
     worker: str | None
     tests: tuple[tuple[str, Retained], ...]

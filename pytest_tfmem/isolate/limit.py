@@ -1,14 +1,18 @@
 """``--tfmem-session-limit``: the most a process of the session may hold between two tests.
 
 After each test's teardown, the process that ran it (the session's own, a pytest-xdist
-worker, or a replacement process) reads what it holds (``read_level``: its RSS, once the heap
-glibc keeps free went back to the OS). Past the limit, with tests left to run, the process has
+worker, or a replacement process) takes what it holds from the boundary the session's books
+read there (``manager(config).last_boundary``: its RSS after the collection and ``malloc_trim``
+that give every test its retained figure; one reading per boundary), or, where no books are
+kept for the test, reads it itself (``read_level``: its RSS once the heap glibc keeps free went
+back to the OS). Past the limit, with tests left to run, the process has
 *crossed* it: it finishes every fixture it still holds (as pytest would after its last test,
 within that test's teardown, so an error there is that test's), and the session runs the
 tests that remain in a fresh process (``recycle.py``, ``replacement.py``), replaced in turn
 when it crosses the limit itself. Crossing is no failure; the crossing's teardown report
 carries a ``LimitCrossing`` that the session's summary shows: when, at what size, and which
-tests had left the most in that process (the growth of its level over each test).
+tests had left the most in that process (their retained figures; the growth of its level over
+the test where it has none).
 
 ``auto`` is the process's level at its first test plus 40% of the room left above it in its
 share of the memory limit it runs under (the cgroup's limit, else physical memory; divided
@@ -28,6 +32,8 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import pytest_internals, settings
+from pytest_tfmem.core.manager import manager
+from pytest_tfmem.core.retained import Boundary
 from pytest_tfmem.errors import MemoryLimitWarning
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.system import MemoryLimit
@@ -82,7 +88,7 @@ class LimitCrossing:
     limit: int
     start: int  # what the process held before its first test
     tests: int  # tests it had run
-    top: tuple[tuple[str, int], ...]  # (node id, bytes) of the tests that had left the most
+    top: tuple[tuple[str, int], ...]  # (node id, bytes retained) of the tests that had left the most
     replacement: int  # 0: the session's own process (or worker); N: its Nth replacement process
     pid: int
     worker: str | None
@@ -140,6 +146,7 @@ class LimitWatch:
         self.tests = 0
         self.top: list[tuple[int, str]] = []  # (bytes left, node id), the largest first
         self.crossing: LimitCrossing | None = None
+        self._boundary: Boundary | None = None  # the books' last boundary, once used
 
     def pytest_runtest_logstart(self) -> None:
         if self.start is None:
@@ -154,7 +161,9 @@ class LimitWatch:
                     stacklevel=1,
                 )
 
-    @pytest.hookimpl(wrapper=True)
+    # tryfirst: outside the session's books' teardown wrapper (session/plugin.py), so that their
+    # reading of the boundary, after the test's teardown, is there when this one ends.
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
         try:
             return (yield)
@@ -164,9 +173,9 @@ class LimitWatch:
     def _after_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
         if self.start is None or self.limit is None:  # a test run without its logstart (not by pytest)
             return
-        level = self._read()
+        level, left = self._level_after(item)
         self.tests += 1
-        self.top = sorted([*self.top, (level - self._last, item.nodeid)], reverse=True)[:TOP_LEFT]
+        self.top = sorted([*self.top, (left, item.nodeid)], reverse=True)[:TOP_LEFT]
         self._last = level
         if nextitem is None or self.crossing is not None or level <= self.limit:
             return
@@ -183,6 +192,19 @@ class LimitWatch:
         )
         item.stash[_CROSSED] = self.crossing
         pytest_internals.teardown_exact(item, None)  # no test runs here any more: free what it can
+
+    def _level_after(self, item: pytest.Item) -> tuple[int, int]:
+        """What the process holds after ``item``'s teardown, and what the test left: the books'
+        boundary and retained figure where they read this teardown, else a reading of its own."""
+        boundary = manager(item.config).last_boundary
+        fresh = boundary is not None and boundary is not self._boundary and boundary.nodeid == item.nodeid
+        self._boundary = boundary
+        if not fresh:
+            level = self._read()
+            return level, level - self._last
+        assert boundary is not None
+        level = boundary.level.rss
+        return level, boundary.retained.bytes if boundary.retained is not None else level - self._last
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from pytest_tfmem.core import pytest_internals
+from pytest_tfmem.core import processes, pytest_internals
 from pytest_tfmem.core.subsession import die_with_parent
 from pytest_tfmem.isolate.child import TestEvents, quiet_terminal, single_test_options
 from pytest_tfmem.isolate.limit import LimitWatch
@@ -65,7 +65,9 @@ class ReplacementRun(TestEvents):
         self.watch = LimitWatch(spec.limit, spec.number, os.getpid(), spec.worker)
 
     def register(self, config: pytest.Config) -> None:
+        """A fork of the template (configured already)."""
         self.config = config
+        processes.enter_replacement(config, self.spec.number, self.spec.worker)
         config.pluginmanager.register(self, "tfmem-replacement")
         config.pluginmanager.register(self.watch, "tfmem-replacement-limit")
 
@@ -73,6 +75,7 @@ class ReplacementRun(TestEvents):
     def pytest_cmdline_main(self, config: pytest.Config) -> None:
         """A spawned replacement (the plugin is registered before configuring)."""
         single_test_options(config, self.spec.session, self.spec.basetemp)
+        processes.enter_replacement(config, self.spec.number, self.spec.worker)
         config.args = list(self.spec.targets)
         self.config = config
 

@@ -11,10 +11,13 @@ baseline's retained figure) fail the test as an error at its teardown.
 ``--tfmem-clear-session`` cleans up after each test (Keras's ``clear_session``, TensorFlow's
 default graph, a collection) and the summary says what that gave back.
 
-What other parts of a session read here: ``books(config).last_boundary``, the process after the
-last measured test's teardown (read once; a limit on the process reads it rather than the
-process again), and ``core.record.session_account(records).top_retainers(n)``, who left the most
-(also in a pytest-xdist worker, from its own records).
+What other parts of a session read here: ``manager(config).last_boundary`` (a
+``core.retained.Boundary``), the process after the last measured test's teardown with that
+test's retained figure (read once; a limit on the process reads it rather than the process
+again), and ``core.record.session_account(records).top_retainers(n)``, who left the most (also
+in a pytest-xdist worker, from its own records). Books are kept wherever tests run one after
+the other (``processes.keeps_books``): the session's process, pytest-xdist workers, replacement
+processes (their figures come back on the reports they send); not in an isolated test's process.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pytest_tfmem.core.retained import (
     IMPORT,
     RUNTIME,
     Booking,
+    Boundary,
     Level,
     ResidentPool,
     Retained,
@@ -94,14 +98,6 @@ def books(config: pytest.Config) -> SessionBooks:
     return config.stash[_BOOKS]
 
 
-@dataclass(frozen=True)
-class Boundary:
-    """The process after a measured test's teardown (``nodeid``): the level the next one starts from."""
-
-    nodeid: str
-    level: Level
-
-
 @dataclass
 class _Span:
     """A measured test in progress: its start, and what was booked elsewhere since."""
@@ -133,12 +129,7 @@ class SessionBooks:
         self.stayed_threshold: int | None = values["stayed_threshold"][0]
         self.clear_session: bool = values["clear_session"][0]
         self.options_set = values["max_retained"][1] or self.clear_session
-        role = processes.role(config)
-        # An isolated test's process ends with its test: nothing it leaves stays in the session.
-        self.keeps_books = role.runs_tests and role is not processes.Role.CHILD
-        self.worker = processes.worker_id(config)
         self.watcher = Watcher()
-        self.last_boundary: Boundary | None = None
         self._pool = ResidentPool()
         self._level: Level | None = None  # after the last measured test, if the next test is measured
         self._span: _Span | None = None
@@ -166,10 +157,11 @@ class SessionBooks:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         tfmem = manager(self.config)
-        if not (self.keeps_books and tfmem.is_measured(item)):
+        # Asked at each test: a fork of the template becomes a replacement process after configuring.
+        if not (processes.keeps_books(self.config) and tfmem.is_measured(item)):
             self._level = None  # what this test leaves falls between measured tests
             return (yield)
-        if self._level is None and self.last_boundary is None:
+        if self._level is None and tfmem.last_boundary is None:
             tfmem.trackers()  # the first test's window would start them: not the test's memory
             measure.probes().trackers()
         before = self._level if self._level is not None else self._read()
@@ -211,15 +203,18 @@ class SessionBooks:
         level = self._read(functools.partial(self._what_stayed, item, self._span, weighed))
         span, self._span = self._span, None
         self._level = level
-        self.last_boundary = Boundary(item.nodeid, level)
+        tfmem = manager(self.config)
+        tfmem.last_boundary = Boundary(item.nodeid, level)
         record = item.stash.get(RECORD, None)
         if record is None:  # not measured after all (setup failed, skipped)
             return None
         self._seq += 1
         cleared = None if before_clearing is None else before_clearing.held - level.held
         record.retained = Retained(
-            span.before, level, tuple(span.bookings), self._seq, self.worker, weighed.stayed, cleared
+            span.before, level, tuple(span.bookings), self._seq, processes.process_label(self.config),
+            weighed.stayed, cleared,
         )
+        tfmem.last_boundary = Boundary(item.nodeid, level, record.retained)
         verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]
         record.verdicts += verdicts
         publish(item, record)
