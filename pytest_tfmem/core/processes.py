@@ -59,7 +59,12 @@ def enter_replacement(config: pytest.Config, number: int, worker: str | None) ->
     """Make this process (a ``Role.CHILD`` already) the ``number``th replacement process of
     the session's process, or of pytest-xdist ``worker``: it runs tests one after the other,
     and what they leave stays in it, so it keeps books of its own (``process_label``)."""
-    config.stash[_REPLACEMENT] = f"replacement process {number}" + (f" of {worker}" if worker else "")
+    config.stash[_REPLACEMENT] = replacement_label(number, worker)
+
+
+def replacement_label(number: int, worker: str | None) -> str:
+    """``replacement process 2``, ``replacement process 2 of gw0``."""
+    return f"replacement process {number}" + (f" of {worker}" if worker else "")
 
 
 def process_label(config: pytest.Config) -> str | None:

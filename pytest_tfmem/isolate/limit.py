@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import pytest_internals, settings
+from pytest_tfmem.core import processes, pytest_internals, settings
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.retained import Boundary
 from pytest_tfmem.errors import MemoryLimitWarning
@@ -224,7 +224,7 @@ def _ordinal(number: int) -> str:
 
 def process_name(replacement: int, worker: str | None) -> str:
     own = f"worker {worker}" if worker else "the session's process"
-    return own if replacement == 0 else f"replacement process {replacement}" + (f" of {worker}" if worker else "")
+    return own if replacement == 0 else processes.replacement_label(replacement, worker)
 
 
 class LimitSummary:
