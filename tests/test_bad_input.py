@@ -46,7 +46,7 @@ def test_an_unknown_marker_keyword_lists_every_feature_s_keywords(pytester: pyte
     pytester.makepyfile("import pytest\n\n@pytest.mark.tfmem(budjet='1GB')\ndef test_marked():\n    pass\n")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    accepted = "budget, explain, explain_mode, gpu_budget, isolate, kill_at, rerun, tolerance, trace"
+    accepted = "budget, explain, explain_mode, gpu_budget, isolate, kill_at, max_retained, rerun, tolerance, trace"
     result.stderr.fnmatch_lines([f"*unknown tfmem marker argument 'budjet'; accepted: {accepted}"])
 
 

@@ -134,9 +134,12 @@ def test_pytest_repeat_measures_each_repetition(pytester: pytest.Pytester):
 # pytest-benchmark
 
 
-def test_pytest_benchmark_rounds_count_once(pytester: pytest.Pytester):
+def test_pytest_benchmark_rounds_count_once(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """The call phase runs every round: the peak is the heaviest round's, not their sum."""
     pytest.importorskip("pytest_benchmark")
+    # pytest-benchmark turns itself off in a process that inherits an xdist worker's variable
+    # (this suite's own -n 2): the inner session is not a worker.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makepyfile(
         test_bench="""
         import numpy as np

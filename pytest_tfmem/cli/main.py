@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_tfmem.core.record import session_account
 from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.files import FileFormatError
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
@@ -210,6 +209,8 @@ def run_plot(args: argparse.Namespace) -> int:
         raise CliError("tfmem plot needs matplotlib: pip install matplotlib") from None
     report = _load(load_report, args.report)
     if args.session:
+        from pytest_tfmem.core.record import session_account
+
         account = session_account(report.tests)
         if not account.processes:
             raise CliError(f"{args.report} holds no retained figures (written before pytest-tfmem measured them)")
