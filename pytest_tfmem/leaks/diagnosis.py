@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from typing import Any
 
-from pytest_tfmem.probes.holders import container_label, last_items
+from pytest_tfmem.probes.holders import CONTAINER_TYPES, container_label, last_items
 from pytest_tfmem.probes.objects import (
     function_group,
     function_library_names,
@@ -31,7 +31,6 @@ from pytest_tfmem.probes.objects import (
     type_name,
 )
 
-_CONTAINERS = (list, dict, set, collections.deque)
 _SHOWN_TYPES = 10
 _TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
 _SHOWN_FUNCTIONS = 3
@@ -285,7 +284,7 @@ class GrowthTracker:
 
 def _container_lengths(objects: list[Any], own: set[int]) -> dict[int, int]:
     """``id -> len`` of every list/dict/set/deque (C-speed scan), leaving out tfmem's own."""
-    containers = compress(objects, map(isinstance, objects, repeat(_CONTAINERS)))
+    containers = compress(objects, map(isinstance, objects, repeat(CONTAINER_TYPES)))
     lengths = {id(o): len(o) for o in containers}
     for key in own:
         lengths.pop(key, None)

@@ -14,6 +14,9 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+# The containers whose growth a diagnosis follows (what piles up in a module global).
+CONTAINER_TYPES = (list, dict, set, collections.deque)
+
 
 def container_label(container: Any) -> str:
     """``list 'models' (closure variable of test_fit) holding Sequential``: kind, holder, items."""

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_tfmem.probes.holders import CONTAINER_TYPES
 from pytest_tfmem.probes.objects import (
     OWN_PACKAGE,
     function_library_names,
@@ -30,7 +31,6 @@ from pytest_tfmem.probes.objects import (
 )
 from pytest_tfmem.units import format_size
 
-_CONTAINERS = (list, dict, set, collections.deque)
 _SHOWN = 3
 _SHOWN_TYPES = 5
 _SMALL = 64 * 2**10  # new objects of pytest's own, or small builtins, are not worth a mention
@@ -100,7 +100,7 @@ class Watcher:
             (name, key): len(value)
             for name, namespace in self._watched_modules()
             for key, value in list(namespace.items())
-            if isinstance(value, _CONTAINERS)
+            if isinstance(value, CONTAINER_TYPES)
         }
         library = function_library_names()
         return Snapshot(len(sys.modules), containers, None if library is None else len(library), keras_name_counters())
@@ -131,7 +131,7 @@ class Watcher:
         namespaces = dict(self._watched_modules())
         for (module, key), length in before.containers.items():
             container = namespaces.get(module, {}).get(key)
-            if not isinstance(container, _CONTAINERS) or len(container) <= length:
+            if not isinstance(container, CONTAINER_TYPES) or len(container) <= length:
                 continue
             added = len(container) - length
             if isinstance(container, dict):
