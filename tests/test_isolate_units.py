@@ -17,7 +17,7 @@ from pytest_tfmem.journal.reader import (
     describe_last,
 )
 from pytest_tfmem.probes import system
-from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ProcessTreeRss, downsample
+from pytest_tfmem.probes.watchdog import ProcessTreeRss, downsample
 
 
 def _cgroup_v2(root: Path, path: str, files: dict[str, str]) -> Path:
@@ -179,11 +179,7 @@ def test_a_process_tree_leaves_a_template_out_and_counts_its_forks():
         lines = {holder.stdout.readline().strip(), holder.stdout.readline().strip()}
         assert "ready" in lines
         with_template = ProcessTreeRss(os.getpid()).read()
-        TEMPLATE_PIDS.add(holder.pid)
-        try:
-            without_template = ProcessTreeRss(os.getpid()).read()
-        finally:
-            TEMPLATE_PIDS.discard(holder.pid)
+        without_template = ProcessTreeRss(os.getpid(), leave_out={holder.pid}).read()
         assert with_template - without_template >= 190 * 2**20  # the template's 200 MiB, left out
         fork = psutil.Process(holder.pid).children()[0]
         assert fork.memory_info().rss >= 100 * 2**20

@@ -138,6 +138,9 @@ class TfmemManager:
         # (the session feature, where it keeps them); a limit on the process (isolate) reads
         # this rather than the process again.
         self.last_boundary: Boundary | None = None
+        # The isolation templates this process started: readings of its process tree (the
+        # journal's) leave them out; isolation adds and removes them.
+        self.template_pids: set[int] = set()
         remove_inherited_ledgers()
 
     @property

@@ -37,7 +37,7 @@ from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.isolate.child import ChildSpec
 from pytest_tfmem.isolate.replacement import ReplacementSpec
 from pytest_tfmem.isolate.template import MAX_MESSAGE, TemplateSpec, fork_unsafe_reason
-from pytest_tfmem.probes.watchdog import TEMPLATE_PIDS, ChildProcess
+from pytest_tfmem.probes.watchdog import ChildProcess
 
 FORK = "fork"
 SPAWN = "spawn"
@@ -126,7 +126,10 @@ def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> 
 class Template:
     """The session's side of a running template."""
 
-    def __init__(self, workdir: Path, spec_args: list[str], cwd: Path, session: dict[str, Any]) -> None:
+    def __init__(
+        self, workdir: Path, spec_args: list[str], cwd: Path, session: dict[str, Any], template_pids: set[int]
+    ) -> None:
+        self.template_pids = template_pids  # the session's: its process tree's readings leave templates out
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = TemplateSpec(
             args=spec_args,
@@ -155,7 +158,7 @@ class Template:
                     pass_fds=(theirs.fileno(),),
                 )
         theirs.close()
-        TEMPLATE_PIDS.add(self.process.pid)
+        self.template_pids.add(self.process.pid)
         self.channel = ours
         self.ready: dict[str, Any] = {}
         self._exited: dict[int, int] = {}  # exit statuses of forks nobody waited for yet
@@ -235,7 +238,7 @@ class Template:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        TEMPLATE_PIDS.discard(self.process.pid)
+        self.template_pids.discard(self.process.pid)
 
 
 class ForkedChild:
@@ -255,8 +258,11 @@ class ForkedChild:
 class Launcher:
     """Starts isolated tests' processes: forks of a template, or fresh interpreters."""
 
-    def __init__(self, method: str, args: list[str], cwd: Path, session: dict[str, Any]) -> None:
+    def __init__(
+        self, method: str, args: list[str], cwd: Path, session: dict[str, Any], template_pids: set[int]
+    ) -> None:
         self.method = method if hasattr(os, "fork") else SPAWN
+        self.template_pids = template_pids
         self.args = args
         self.cwd = cwd
         self.session = session  # the session the isolated tests serve (``processes.Session``)
@@ -269,7 +275,7 @@ class Launcher:
         """Start the template now (before the session's first test), without waiting for it."""
         if self.method == FORK and self.template is None:
             try:
-                self.template = Template(template_dir, self.args, self.cwd, self.session)
+                self.template = Template(template_dir, self.args, self.cwd, self.session, self.template_pids)
             except OSError as error:  # no fork or process to be had
                 self.method, self.fallback = SPAWN, f"the template could not start: {error}"
 

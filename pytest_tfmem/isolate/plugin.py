@@ -299,6 +299,7 @@ class TfmemIsolation:
                 list(self.config.invocation_params.args),
                 self.config.invocation_params.dir,
                 processes.session(self.config).to_dict(),
+                manager(self.config).template_pids,
             )
         return self.launcher
 

@@ -51,10 +51,10 @@ class ReadingsThread:
     """Samples the process tree (this process and its children, e.g. an isolated test)
     while a test runs, and writes readings to the journal."""
 
-    def __init__(self, journal: JournalFile, worker: str | None) -> None:
+    def __init__(self, journal: JournalFile, worker: str | None, template_pids: set[int]) -> None:
         self.journal = journal
         self.worker = worker
-        self._reader = ProcessTreeRss(os.getpid(), refresh_s=WRITE_INTERVAL_S)
+        self._reader = ProcessTreeRss(os.getpid(), refresh_s=WRITE_INTERVAL_S, leave_out=template_pids)
         self._lock = threading.Lock()
         self._running: _RunningTest | None = None
         self._sampler = Sampler(self._sample, SAMPLE_INTERVAL_S, "tfmem-journal-readings")
@@ -158,7 +158,7 @@ class TfmemJournal:
             )
             return
         self.journal = journal
-        self.readings = ReadingsThread(journal, self.worker)
+        self.readings = ReadingsThread(journal, self.worker, manager(self.config).template_pids)
         self.readings.start()
 
     @pytest.hookimpl(trylast=True)  # after pytest's and other plugins' selection (-k, -m, deselect)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -92,14 +92,12 @@ def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[flo
     return kept if kept[-1] == timeline[-1] else [*kept, timeline[-1]]
 
 
-# Template processes (``template.py``) started by this process: a tree's RSS leaves them out.
-# Their forks count: each maps the template's pages it uses, so adding the template's own
-# RSS would count those pages twice, and charge the template's start to a test.
-TEMPLATE_PIDS: set[int] = set()
-
-
 class ProcessTreeRss:
-    """Resident memory of a process plus its descendants (templates left out, their forks in).
+    """Resident memory of a process plus its descendants, less those in ``leave_out``.
+
+    ``leave_out`` holds the isolation templates a session started (read at every ``read``, so
+    its owner may change it): their forks count, each mapping the template's pages it uses, so
+    adding the template's own RSS would count those pages twice and charge its start to a test.
 
     Finding descendants means knowing every process's parent (the kernel lists no children
     here), so the list is refreshed every ``refresh_s``: ``/proc`` is listed and only processes
@@ -108,8 +106,9 @@ class ProcessTreeRss:
     of the tree's processes, one ``/proc/PID/status`` each (tens of microseconds).
     """
 
-    def __init__(self, pid: int, refresh_s: float = _TREE_REFRESH_S) -> None:
+    def __init__(self, pid: int, refresh_s: float = _TREE_REFRESH_S, leave_out: Collection[int] = ()) -> None:
         self.pid = pid
+        self.leave_out = leave_out
         self.refresh_s = refresh_s
         self.descendants: list[psutil.Process] = []
         self._parents: dict[int, int] = {}  # pid -> parent pid, of every process seen in /proc
@@ -147,7 +146,7 @@ class ProcessTreeRss:
             raise psutil.ZombieProcess(self.pid)
         rss, self._marks = root[0], {self.pid: root[1]}
         for process in self.descendants:
-            if process.pid not in TEMPLATE_PIDS and (memory := host.resident_and_high_water_mark(process.pid)):
+            if process.pid not in self.leave_out and (memory := host.resident_and_high_water_mark(process.pid)):
                 rss += memory[0]
                 self._marks[process.pid] = memory[1]
         return rss
