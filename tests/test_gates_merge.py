@@ -44,6 +44,22 @@ def peaks(path: Path) -> dict[str, int]:
     return {test["nodeid"]: test["measurement"]["peak"] for test in data["tests"] if test["outcome"] == "passed"}
 
 
+def figures(path: Path) -> dict[str, tuple[int, dict[str, int], int | None]]:
+    """Each passed test's figures that a baseline keeps (peak, views, retained), from the raw JSON."""
+    data = json.loads(path.read_text())
+    if data["format"] == "pytest-tfmem-baseline":
+        return {nodeid: (e["peak"], e["views"], e.get("retained")) for nodeid, e in data["tests"].items()}
+    return {
+        test["nodeid"]: (
+            test["measurement"]["peak"],
+            {view["view"]: max(0, view["peak"] - view["start"]) for view in test["measurement"]["views"]},
+            None if test.get("retained_bytes") is None else max(0, test["retained_bytes"]),
+        )
+        for test in data["tests"]
+        if test["outcome"] == "passed"
+    }
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``shard1.json`` and ``shard2.json`` from ``--splits 2 --group N``; ``merged.json`` from them;
@@ -99,7 +115,9 @@ def test_merge_refuses_different_figures_unless_told_which_wins(shards: Path):
     finally:
         suite.write_text(original)
     merged, full = peaks(shards / "merged.json"), peaks(shards / "full.json")
-    differing = sorted(nodeid for nodeid in merged if merged[nodeid] != full[nodeid])
+    # A test differs where any figure a baseline keeps differs (its peak, a view, what it retained).
+    merged_figures, full_figures = figures(shards / "merged.json"), figures(shards / "full.json")
+    differing = sorted(nodeid for nodeid in merged if merged_figures[nodeid] != full_figures[nodeid])
     assert "test_suite.py::test_a" in differing and full["test_suite.py::test_a"] > merged["test_suite.py::test_a"]
     before = (shards / "merged.json").read_bytes()
     done = tfmem(shards, "merge", "-o", "merged.json", "merged.json", "full.json")

@@ -67,11 +67,14 @@ time.sleep(60)
 """
 
 KERAS = """
+import time
+
 import numpy as np
 import tensorflow as tf
 import keras
 
 tf.constant(1.0)  # TensorFlow's runtime starts here
+time.sleep(0.5)  # a few of the agent's readings (every 0.1 s) see the runtime started before the data
 data = np.ones((900, 2**20 // 4), dtype=np.float32)  # 900 MiB of data held in NumPy
 model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(256), keras.layers.Dense(1)])
 model.compile("adam", "mse")
