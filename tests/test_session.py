@@ -68,7 +68,7 @@ class Run:
     output: str
     report: dict
 
-    def test(self, name: str) -> dict:
+    def entry(self, name: str) -> dict:
         return next(t for t in self.report["tests"] if t["nodeid"].endswith("::" + name))
 
 
@@ -91,14 +91,14 @@ def numpy_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 
 def test_a_test_that_fills_a_module_cache_is_named_with_what_stayed(numpy_run: Run):
-    cache = numpy_run.test("test_keeps_a_cache")
+    cache = numpy_run.entry("test_keeps_a_cache")
     assert abs(cache["retained_bytes"] - 60 * MIB) < NOISE, cache["retained_bytes"]
     assert abs(cache["retained_host_bytes"] - 60 * MIB) < NOISE and cache["retained_tf_bytes"] == 0
     stayed = "; ".join(cache["retained"]["stayed"])
     assert "list '_CACHE' (global of test_suite) +1 item: ndarray 60.0 MiB" in stayed
     for name in ("test_frees_what_it_made", "test_uses_the_table", "test_uses_the_table_last", "test_imports_a_module"):
-        assert abs(numpy_run.test(name)["retained_bytes"]) < NOISE, name
-        assert numpy_run.test(name)["retained"]["stayed"] == []  # under the threshold: nothing to say
+        assert abs(numpy_run.entry(name)["retained_bytes"]) < NOISE, name
+        assert numpy_run.entry(name)["retained"]["stayed"] == []  # under the threshold: nothing to say
 
 
 def test_a_module_fixture_is_booked_to_the_fixture_by_name_not_to_tests(numpy_run: Run):
@@ -150,9 +150,9 @@ def test_max_retained_fails_the_test_as_an_error_at_its_teardown(numpy_run: Run)
     assert "7 passed, 1 error" in numpy_run.output  # the test passed; its teardown is the error
     message = next(line for line in numpy_run.output.splitlines() if "tfmem: retained " in line)
     assert "> max_retained 9.5 MiB after the teardown" in message and "list 'KEPT' (global of test_suite)" in message
-    verdicts = {v["check"]: v["ok"] for v in numpy_run.test("test_keeps_too_much")["verdicts"]}
+    verdicts = {v["check"]: v["ok"] for v in numpy_run.entry("test_keeps_too_much")["verdicts"]}
     assert verdicts["max_retained"] is False
-    assert numpy_run.test("test_keeps_a_cache")["outcome"] == "passed"  # exempt by its marker
+    assert numpy_run.entry("test_keeps_a_cache")["outcome"] == "passed"  # exempt by its marker
 
 
 def test_tfmem_show_lists_the_retained_column_and_plot_session_writes_a_png(numpy_run: Run):
