@@ -52,6 +52,10 @@ def subtest_peaks(test: dict) -> dict[str, int]:
     return {subtest["description"]: subtest["measurement"]["peak"] for subtest in test["subtests"]}
 
 
+def _host_view(measurement: dict) -> dict:
+    return next(view for view in measurement["views"] if view["view"] == "host")
+
+
 def assert_close(peak: int, size: int) -> None:
     """A NumPy array of ``size`` bytes, seen by the kernel's high-water mark: within 3 MiB."""
     assert size - MIB <= peak <= size + 3 * MIB, (peak, size)
@@ -70,8 +74,11 @@ def check_report(path) -> dict[str, dict]:
     assert [s["outcome"] for s in tests["test_function"]["subtests"]] == ["passed", "failed"]
     assert_close(marked["(size='60MB')"], 60 * MIB)
     assert [s["outcome"] for s in tests["test_marked"]["subtests"]] == ["passed", "skipped"]
-    # The budget is the test's: its peak covers its subtests.
-    assert tests["test_method"]["measurement"]["peak"] >= max(method.values())
+    # The budget is the test's: its window covers its subtests' (the highest host level it saw is
+    # no lower than any subtest's; a subtest's increase may start a page lower than the test's).
+    host_peak = _host_view(tests["test_method"]["measurement"])["peak"]
+    assert all(host_peak >= _host_view(sub["measurement"])["peak"] for sub in tests["test_method"]["subtests"])
+    assert tests["test_method"]["measurement"]["peak"] >= max(method.values()) - 4096
     assert tests["test_marked"]["budget"] == 100_000_000
     return tests
 
