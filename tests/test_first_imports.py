@@ -8,6 +8,7 @@ under pytest-xdist.
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -166,7 +167,9 @@ def test_a_test_reads_the_same_whether_or_not_it_imported_tensorflow_first(pytes
     }
     for nodeid, module in imported.items():
         section = section_of(result.stdout.lines, nodeid)
-        assert any(line.startswith(f"first import of {module}: +5") for line in section), section
+        # hundreds of MiB: ~580 on TensorFlow 2.21, ~440 on 2.16
+        said = re.compile(rf"first import of {module}: \+\d{{3}}\.\d MiB, not charged")
+        assert any(said.match(line) for line in section), section
         assert [b.module for b in records[nodeid].measurement.first_imports if b.host_bytes > 100 * MIB] == [module]  # type: ignore[union-attr]
     for nodeid in set(records) - set(imported):
         assert not any("first import of" in line for line in section_of(result.stdout.lines, nodeid)), nodeid
