@@ -405,7 +405,8 @@ class TfmemManager:
 
 
 def _section_text(record: TestRecord) -> str:
-    assert record.measurement is not None
+    if record.measurement is None:  # its process died before any figure came back: what tfmem knows
+        return "\n".join([*(verdict.message for verdict in record.verdicts), *record.notes])
     rows = render_table(summary_rows([record], 1, subtests=True))
     imports = section_lines(record.measurement.first_imports)
     return "\n".join([*rows, *imports, *record.measurement.notes, *record.notes])
