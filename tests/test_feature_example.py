@@ -96,3 +96,53 @@ def test_every_remaining_tryfirst_or_trylast_says_against_what():
                 if "#" not in line and not above.strip().startswith("#"):
                     bare.append(f"{path.relative_to(REPOSITORY)}:{number}")
     assert bare == []
+
+
+TEARDOWN_CONFTEST = """
+import pytest
+from pytest_tfmem.core.features import Teardown, TeardownStep
+from pytest_tfmem.core.manager import manager
+
+EVENTS = []
+
+def step(name):
+    def after(item, nextitem):
+        EVENTS.append(f"{name} after {item.name}, next {nextitem.name if nextitem else None}")
+        return RuntimeError(f"{name} failed {item.name}") if item.name == "test_" + name.lower() else None
+    return after
+
+def pytest_configure(config):
+    for name in ("LIMIT", "BOOKS"):  # added out of order
+        manager(config).add_teardown_step(TeardownStep(Teardown[name], step(name)))
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise ValueError("the fixture's own teardown error")
+
+def pytest_sessionfinish():
+    print("EVENTS:", "; ".join(EVENTS))
+"""
+
+
+def test_teardown_steps_run_in_teardown_order_and_an_error_fails_the_teardown(pytester: pytest.Pytester):
+    pytester.makeconftest(TEARDOWN_CONFTEST)
+    pytester.makepyfile(
+        "def test_books():\n    pass\n"
+        "def test_torn(broken_teardown):\n    pass\n"
+        "def test_limit():\n    pass\n"
+    )
+    result = pytester.runpytest("-s", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, errors=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*EVENTS: BOOKS after test_books, next test_torn; LIMIT after test_books, next test_torn; "
+            "BOOKS after test_torn, next test_limit; LIMIT after test_torn, next test_limit; "
+            "BOOKS after test_limit, next None; LIMIT after test_limit, next None"
+        ]
+    )
+    text = result.stdout.str()
+    # Each error is the teardown's: the step's where one returned it, the fixture's own where it raised.
+    assert re.search(r"ERROR at teardown of test_books.*?RuntimeError: BOOKS failed test_books", text, re.DOTALL)
+    assert re.search(r"ERROR at teardown of test_torn.*?ValueError: the fixture's own teardown error", text, re.DOTALL)
+    assert re.search(r"ERROR at teardown of test_limit.*?RuntimeError: LIMIT failed test_limit", text, re.DOTALL)

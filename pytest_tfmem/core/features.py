@@ -7,6 +7,8 @@
 - What a feature does around one test's call phase: a ``CallStep``, registered with
   ``manager(config).add_step`` when pytest is configured; the core runs the steps in ``Step``
   order, which is the one place that order is declared.
+- What a feature does once a test's teardown ran: a ``TeardownStep``, registered with
+  ``manager(config).add_teardown_step``; the core runs them in ``Teardown`` order.
 """
 
 from __future__ import annotations
@@ -69,6 +71,19 @@ class Step(enum.IntEnum):
     LEAKS = 5
 
 
+class Teardown(enum.IntEnum):
+    """The order in which the features act once a test's teardown ran (pytest's and the
+    fixtures'), in the process that ran it; the core runs them inside its own wrapper of
+    ``pytest_runtest_teardown``, so an error one returns is the test's teardown error."""
+
+    # The session's books: the boundary's reading (``manager(config).last_boundary``), the
+    # test's retained figure and the checks on it (``pytest_tfmem_check_retained``).
+    BOOKS = 1
+    # The session limit reads that boundary (rather than the process again) and, past the
+    # limit, finishes the fixtures the process still holds: after the books, which book them.
+    LIMIT = 2
+
+
 class Summary(enum.IntEnum):
     """The order of tfmem's parts of the terminal summary (``manager(config).add_summary``)."""
 
@@ -100,3 +115,14 @@ class CallStep:
     around: Callable[[pytest.Item], AbstractContextManager[object]] | None = None
     profiles: Callable[[pytest.Item], bool] = _never
     sections: Callable[[pytest.Item, TestRecord], list[tuple[str, str]] | None] | None = None
+
+
+@dataclass(frozen=True)
+class TeardownStep:
+    """A feature's part after each test's teardown: ``after(item, nextitem)`` returns the
+    error to fail the teardown with, or ``None``. It runs whether or not the teardown raised
+    (then the teardown's own error stands); every step runs, and the first error returned
+    is raised."""
+
+    step: Teardown
+    after: Callable[[pytest.Item, pytest.Item | None], BaseException | None]

@@ -20,7 +20,7 @@ import pytest
 from pytest_tfmem import hookspecs
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
-from pytest_tfmem.core.features import CallStep, Step, Summary
+from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers, section_lines
 from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
 from pytest_tfmem.core.handoffs import PROFILER_IN_USE
@@ -130,6 +130,7 @@ class TfmemManager:
         # (the runtime started) is false.
         self.tensorflow_setups: list[Callable[[ModuleType, bool], None]] = []
         self.steps = [CallStep(Step.MEASURE, self._measured_call)]  # in Step order: add_step
+        self.teardown_steps: list[TeardownStep] = []  # in Teardown order: add_teardown_step
         self.summaries: list[tuple[Summary, Callable[[pytest.TerminalReporter], None]]] = [
             (Summary.TABLE, self._write_table)
         ]
@@ -156,6 +157,10 @@ class TfmemManager:
     def add_step(self, step: CallStep) -> None:
         """A feature's part in every test's call phase, run in ``Step`` order (``core.features``)."""
         self.steps = sorted([*self.steps, step], key=lambda known: known.step)
+
+    def add_teardown_step(self, step: TeardownStep) -> None:
+        """A feature's part after every test's teardown, run in ``Teardown`` order."""
+        self.teardown_steps = sorted([*self.teardown_steps, step], key=lambda known: known.step)
 
     def add_summary(self, part: Summary, write: Callable[[pytest.TerminalReporter], None]) -> None:
         """A feature's part of the terminal summary, written in ``Summary`` order."""
@@ -249,6 +254,20 @@ class TfmemManager:
                 if known.around is not None:
                     stack.enter_context(known.around(item))
             return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+        """After every test's teardown, the features' teardown steps, in ``Teardown`` order."""
+        try:
+            yield
+        except BaseException:
+            for known in self.teardown_steps:
+                known.after(item, nextitem)  # the teardown's own error stands
+            raise
+        errors = [known.after(item, nextitem) for known in self.teardown_steps]
+        first = next((error for error in errors if error is not None), None)
+        if first is not None:
+            raise first
 
     @contextmanager
     def _measured_call(self, item: pytest.Item) -> Iterator[None]:

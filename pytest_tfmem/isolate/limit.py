@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import processes, pytest_internals, settings
+from pytest_tfmem.core.features import Teardown, TeardownStep
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.retained import Boundary
 from pytest_tfmem.errors import MemoryLimitWarning
@@ -161,14 +162,9 @@ class LimitWatch:
                     stacklevel=1,
                 )
 
-    # tryfirst: outside the session's books' teardown wrapper (session/plugin.py), so that their
-    # reading of the boundary, after the test's teardown, is there when this one ends.
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
-        try:
-            return (yield)
-        finally:
-            self._after_teardown(item, nextitem)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        """Registered before or after pytest configures (historic): its step after the books'."""
+        manager(config).add_teardown_step(TeardownStep(Teardown.LIMIT, self._after_teardown))
 
     def _after_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> None:
         if self.start is None or self.limit is None:  # a test run without its logstart (not by pytest)

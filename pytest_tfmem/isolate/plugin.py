@@ -228,16 +228,18 @@ class TfmemIsolation:
             if message:
                 self.config.issue_config_time_warning(MemoryLimitWarning(message), stacklevel=2)
 
-    @pytest.hookimpl(trylast=True)  # after pytest's and other plugins' selection: only tests that run
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        for item in items:
-            arguments = item.stash.get(ARGUMENTS, {})
-            for keyword in ("budget", "kill_at"):
-                message = self._above_limit(f"tfmem marker argument {keyword}", arguments.get(keyword))
-                if message:
-                    item.warn(MemoryLimitWarning(message))
-            if arguments.get("isolate") is False and (arguments.get("kill_at") or self.kill_at):
-                item.warn(MemoryLimitWarning("pytest-tfmem: isolate=False: kill_at is not enforced for this test"))
+    def _warn_about_marker_limits(self, item: pytest.Item) -> None:
+        """Warned when the test runs (so only tests that run, each once, with its own node id);
+        not again in an isolated test's or a replacement's process, which relay warnings."""
+        if processes.role(self.config) is processes.Role.CHILD:
+            return
+        arguments = item.stash.get(ARGUMENTS, {})
+        for keyword in ("budget", "kill_at"):
+            message = self._above_limit(f"tfmem marker argument {keyword}", arguments.get(keyword))
+            if message:
+                item.warn(MemoryLimitWarning(message))
+        if arguments.get("isolate") is False and (arguments.get("kill_at") or self.kill_at):
+            item.warn(MemoryLimitWarning("pytest-tfmem: isolate=False: kill_at is not enforced for this test"))
 
     # -- the isolated protocol -----------------------------------------------------------
 
@@ -264,6 +266,7 @@ class TfmemIsolation:
 
     @pytest.hookimpl(tryfirst=True)  # instead of pytest's own runner (first result wins)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        self._warn_about_marker_limits(item)
         policy = self.policy_for(item)
         delegate = policy is None and self.watch is not None and self.watch.crossing is not None
         if (policy is None and not delegate) or self.config.getoption("setuponly", False) or self.config.getoption(

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core import features, measure, processes, settings
-from pytest_tfmem.core.features import Summary
+from pytest_tfmem.core.features import Summary, Teardown, TeardownStep
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.pytest_internals import release_fixture_values
 from pytest_tfmem.core.record import TestRecord, publish, session_account
@@ -90,6 +90,7 @@ TFMEM_DECLARATIONS = features.Declarations(marker_keywords={"max_retained": sett
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_BOOKS] = SessionBooks(config)
     config.pluginmanager.register(config.stash[_BOOKS], "tfmem-session")
+    manager(config).add_teardown_step(TeardownStep(Teardown.BOOKS, config.stash[_BOOKS].close))
     manager(config).add_summary(Summary.SESSION, config.stash[_BOOKS].write_summary)
 
 
@@ -173,19 +174,9 @@ class SessionBooks:
         self._span = span
         return (yield)
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
-        try:
-            yield
-        except BaseException:
-            self._close(item)
-            raise
-        failure = self._close(item)
-        if failure is not None:
-            raise failure
-
-    def _close(self, item: pytest.Item) -> TfmemFailure | None:
-        """Read the boundary after the test's teardown; its retained figure and the checks on it."""
+    def close(self, item: pytest.Item, nextitem: pytest.Item | None) -> TfmemFailure | None:
+        """After the test's teardown (``Teardown.BOOKS``): read the boundary; the test's retained
+        figure and the checks on it, whose failure is the teardown's error."""
         if self._span is None:
             return None
         release_fixture_values(item)
