@@ -100,7 +100,9 @@ class TestEvents:
         if report.failed:
             self.write({"event": "collect_error", "nodeid": report.nodeid, "text": report.longreprtext})
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)  # outside pytest's wrappers and tfmem's steps
+    # tryfirst: outside pytest's own wrappers (output and log capture), so the readings span the
+    # whole call phase; the core's steps are inside every wrapper anyway (trylast).
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
         self.write({"event": "call", "rss": host.current_rss(), "time": time.time()})
         try:
