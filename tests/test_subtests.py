@@ -12,6 +12,7 @@ import json
 import pytest
 
 MIB = 2**20
+RETAINED = r"[+-]?[\d.]+ \w?i?B"  # a signed size in the retained column
 
 SUBTESTS = '''
 import unittest
@@ -110,10 +111,11 @@ def test_each_subtest_has_its_figure_under_its_test(pytester: pytest.Pytester) -
             r"tfmem: peak \d+\.\d MiB > budget 23\.8 MiB \(host RSS \d+\.\d MiB\)",
             r"-+ tfmem -+",
             r"test +peak .* result",
-            r"test_sub\.py::Case::test_method +\d+\.\d MiB .* 23\.8 MiB +1\d\d% +over budget",
-            r"  \(i=2\) +\d+\.\d MiB .* 1\d\d% +subtest passed, over budget",
-            r"  \(i=1\) +\d+\.\d MiB .* \d\d% +subtest passed",
-            r"  \(i=0\) +\d+\.\d MiB .* \d\d% +subtest passed",
+            # The retained column: the test's is known after its teardown, each subtest's already.
+            r"test_sub\.py::Case::test_method +\d+\.\d MiB .* 23\.8 MiB +1\d\d% +- +over budget",
+            rf"  \(i=2\) +\d+\.\d MiB .* 1\d\d% +{RETAINED} +subtest passed, over budget",
+            rf"  \(i=1\) +\d+\.\d MiB .* \d\d% +{RETAINED} +subtest passed",
+            rf"  \(i=0\) +\d+\.\d MiB .* \d\d% +{RETAINED} +subtest passed",
         ]
     )
     # The terminal summary lists them on request (--tfmem-subtests), heaviest first under each test.
@@ -122,7 +124,7 @@ def test_each_subtest_has_its_figure_under_its_test(pytester: pytest.Pytester) -
     result.stdout.re_match_lines(
         [
             r"test_sub\.py::test_marked +\d+\.\d MiB .* 95\.4 MiB +\d\d% .*passed",  # the retained column before the result
-            r"  \(size='60MB'\) +\d+\.\d MiB .* \d\d% +subtest passed",
+            rf"  \(size='60MB'\) +\d+\.\d MiB .* \d\d% +{RETAINED} +subtest passed",
         ]
     )
 
@@ -155,3 +157,82 @@ def test_the_rerun_after_a_memory_failure_reports_no_subtest_again(pytester: pyt
     # The test and its failing subtest, as without the re-run (which would report that subtest again).
     result.assert_outcomes(failed=2, deselected=2)
     result.stdout.fnmatch_lines(["*memory by line (test_sub.py::test_function)*", "re-run once after the failure*"])
+
+
+KEEPING = '''
+import unittest
+
+import numpy as np
+
+MIB = 2**20
+KEPT = []
+
+
+class Case(unittest.TestCase):
+    def test_method(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                KEPT.append(np.ones((i + 1) * 10 * MIB, dtype=np.uint8))
+
+
+def test_function(subtests):
+    with subtests.test("kept"):
+        kept = np.ones(30 * MIB, dtype=np.uint8)
+    with subtests.test("freed"):
+        del kept
+'''
+
+
+@pytest.mark.parametrize(
+    "where", [[], ["--tfmem-isolate"], ["-n", "2"]], ids=["in process", "isolated", "under xdist"]
+)
+def test_each_subtest_says_what_it_left_for_the_rest_of_its_test(pytester: pytest.Pytester, where: list[str]):
+    pytester.makepyfile(test_keep=KEEPING)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tfmem-budget=1GB", "--tfmem-subtests", f"--tfmem-report={report}", *where
+    )
+    result.assert_outcomes(passed=2)
+    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(report.read_text())["tests"]}
+    kept = {
+        name: {sub["description"]: sub["retained_bytes"] for sub in tests[name]["subtests"]}
+        for name in ("test_method", "test_function")
+    }
+    assert list(kept["test_method"]) == ["(i=0)", "(i=1)", "(i=2)"]
+    for i, left in enumerate(kept["test_method"].values()):
+        assert_close(left, (i + 1) * 10 * MIB)  # like a peak, it counts what the test did before the subtest
+    assert_close(kept["test_function"]["[kept]"], 30 * MIB)
+    assert -31 * MIB <= kept["test_function"]["[freed]"] <= -29 * MIB
+    for test in tests.values():
+        for sub in test["subtests"]:
+            assert sub["retained_bytes"] == sub["retained_host_bytes"] + sub["retained_tf_bytes"]
+    # Beside their peaks in the terminal summary (the table has a retained column in every case).
+    result.stdout.re_match_lines([r"  \(i=2\) +\d+\.\d MiB .* \+30\.\d MiB +subtest passed"])
+
+
+KEEPING_TENSORS = '''
+import tensorflow as tf
+
+KEPT = []
+
+
+class Case(tf.test.TestCase):
+    def test_tensors(self):
+        for i in range(2):
+            with self.subTest(i=i):
+                KEPT.append(tf.ones([(i + 1) * 2 * 2**20], dtype=tf.float32))  # 8 MiB, then 16 MiB
+'''
+
+
+def test_a_subtests_kept_tensors_are_in_the_tensorflow_view(pytester: pytest.Pytester):
+    """Tensors kept live in TensorFlow's pool: they count in its allocator, not in host memory
+    outside the pool, as in a test's retained figure."""
+    pytester.makepyfile(test_tensors=KEEPING_TENSORS)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--tfmem-report={report}")
+    result.assert_outcomes(passed=1, skipped=1)  # tf.test.TestCase's own test_session is skipped
+    (test,) = [test for test in json.loads(report.read_text())["tests"] if test["nodeid"].endswith("test_tensors")]
+    for i, sub in enumerate(test["subtests"]):
+        size = (i + 1) * 8 * MIB
+        assert size <= sub["retained_tf_bytes"] <= size + MIB, sub
+        assert abs(sub["retained_host_bytes"]) <= 2 * MIB, sub

@@ -16,6 +16,13 @@ last one, in none (only in the test's). The later windows nest in the test's own
 Between two windows freed heap is handed back to the OS, so that a subtest does not reuse what
 the one before it freed without its RSS rising; only the young generations of garbage are
 collected there (a full collection costs a quarter of a second with TensorFlow loaded).
+
+What a subtest *retained* is what it left for the rest of its test: the process read where its
+window opened and where the next one opens (after that collection and heap return; the first
+subtest's start is the test's window's), in the two views of a test's retained figure
+(``core.retained``): host memory outside TensorFlow's pool, and TensorFlow's CPU allocator in
+use. So the subtests' retained figures add up to what the test's subtests kept, in process and
+isolated alike. Garbage only an older generation's collection would free counts as kept.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
+from pytest_tfmem.core.retained import Level, ResidentPool, current_level
 
 # pytest 9's subtest reports and ``subtests`` fixture; ``None`` on pytest 8, which has no subtests of its own.
 _SUBTEST_REPORT: type | None = getattr(pytest, "SubtestReport", None)
@@ -42,13 +50,37 @@ class SubtestFigure:
     description: str  # what pytest shows after SUBPASSED: "[message] (i=2)"
     outcome: str  # the subtest's own: passed, failed, skipped
     measurement: Measurement
+    # What it left for the rest of its test (module docstring), in bytes: host memory outside
+    # TensorFlow's pool, and TensorFlow's CPU allocator in use. ``None`` in older records.
+    retained_host: int | None = None
+    retained_tf: int | None = None
+
+    @property
+    def retained(self) -> int | None:
+        """The headline, as a test's: host outside TensorFlow's pool plus tensors, kept."""
+        if self.retained_host is None:
+            return None
+        return self.retained_host + (self.retained_tf or 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"description": self.description, "outcome": self.outcome, "measurement": self.measurement.to_dict()}
+        return {
+            "description": self.description,
+            "outcome": self.outcome,
+            "measurement": self.measurement.to_dict(),
+            "retained_bytes": self.retained,
+            "retained_host_bytes": self.retained_host,
+            "retained_tf_bytes": self.retained_tf,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SubtestFigure:
-        return cls(data["description"], data["outcome"], Measurement.from_dict(data["measurement"]))
+        return cls(
+            data["description"],
+            data["outcome"],
+            Measurement.from_dict(data["measurement"]),
+            data.get("retained_host_bytes"),
+            data.get("retained_tf_bytes"),
+        )
 
 
 def subtest_description(report: pytest.TestReport) -> str | None:
@@ -67,6 +99,8 @@ def _young_garbage() -> None:
 @dataclass
 class _OpenTest:
     test_window: Monitor
+    start: Level  # the process where the current subtest's window opened
+    pool: ResidentPool  # TensorFlow's pool as resident memory, from one of the test's readings to the next
     figures: list[SubtestFigure]
     window: Monitor | None = None  # the current subtest's, from the second subtest on
 
@@ -84,7 +118,8 @@ class SubtestWindows:
 
     def begin(self, nodeid: str, test_window: Monitor) -> None:
         """The test's window just opened: until its first subtest ends, that is the subtest's too."""
-        self._open[nodeid] = _OpenTest(test_window, [])
+        pool = ResidentPool()
+        self._open[nodeid] = _OpenTest(test_window, pool.level(current_level()), pool, [])
 
     def ended(self, report: pytest.TestReport) -> bool:
         """A subtest of a test measured here ended with this report: close its window, open the
@@ -95,8 +130,11 @@ class SubtestWindows:
         if test is None or description is None:
             return False
         measurement = test.test_window.snapshot() if test.window is None else test.window.stop()
-        test.figures.append(SubtestFigure(description, report.outcome, measurement))
         test.window = Monitor(collect=_young_garbage, trackers=self._trackers()).start()
+        after = test.pool.level(current_level())
+        host, tf = after.outside_pool - test.start.outside_pool, after.tf_in_use - test.start.tf_in_use
+        test.figures.append(SubtestFigure(description, report.outcome, measurement, host, tf))
+        test.start = after
         return True
 
     def end(self, nodeid: str) -> list[SubtestFigure]:

@@ -47,8 +47,12 @@ def _nvml(measurement: Measurement) -> str:
 
 
 def _retained(record: TestRecord) -> str:
-    """What the test left behind after its teardown (``-`` where not known)."""
-    return "-" if record.retained is None else format_size(record.retained.bytes, signed=True)
+    """What the test left behind after its teardown (``-`` where not known, as before it)."""
+    return _signed(None if record.retained is None else record.retained.bytes)
+
+
+def _signed(size: int | None) -> str:
+    return "-" if size is None else format_size(size, signed=True)
 
 
 def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = False) -> list[list[str]]:
@@ -61,7 +65,9 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
     with_gpu_budget = any(r.gpu_budget is not None for r in measured)
     nvml_column = [_nvml_header(measured)] if with_nvml else []
     gpu_budget_columns = ["GPU budget", "GPU use"] if with_gpu_budget else []
-    with_retained = any(r.retained is not None for r in measured)
+    with_retained = any(r.retained is not None for r in measured) or (
+        subtests and any(subtest.retained is not None for r in measured for subtest in r.subtests)
+    )
     retained_column = ["retained"] if with_retained else []
     header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", *gpu_budget_columns,
               *retained_column]
@@ -106,7 +112,7 @@ def _subtest_rows(
             _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml)
             + ["", use_percent(peak, record.budget)]
             + (["", ""] if with_gpu_budget else [])
-            + ([""] if with_retained else [])
+            + ([_signed(subtest.retained)] if with_retained else [])
             + [f"subtest {subtest.outcome}{', over budget' if over else ''}"]
         )
     return rows
