@@ -11,13 +11,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.summary import section_text
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.isolate.results import sampled_measurement
 from pytest_tfmem.journal.reader import (
     EXIT_DID_NOT_FINISH,
     EXIT_NO_RESULTS,
     describe_last,
 )
 from pytest_tfmem.probes import system
-from pytest_tfmem.probes.watchdog import ProcessTreeRss, downsample
+from pytest_tfmem.probes.watchdog import ProcessTreeRss, WatchResult, downsample
 
 
 def _cgroup_v2(root: Path, path: str, files: dict[str, str]) -> Path:
@@ -189,3 +193,15 @@ def test_a_process_tree_leaves_a_template_out_and_counts_its_forks():
             process.kill()
         holder.kill()
         holder.wait()
+
+
+def test_a_test_whose_process_died_before_any_figure_gets_a_section_of_its_verdicts():
+    """A process SIGKILLed before the watchdog's first reading of the test leaves no figure:
+    the test's tfmem section says what is known (an ``INTERNALERROR`` once, in a replacement)."""
+    died = WatchResult(-9, None, False, last_rss=0, peak_rss=0, child_peak_rss=0, elapsed_s=0.01, timeline=[])
+    measurement = sampled_measurement(died, call_start_rss=50 * 2**20, interval_s=0.02)
+    assert measurement is None
+    message = "the replacement process running this test (pid 4242) was killed by SIGKILL"
+    record = TestRecord("test_x.py::test_dies", measurement, verdicts=[Verdict("killed", False, message)])
+    record.notes.append("a note")
+    assert section_text(record) == f"{message}\na note"

@@ -21,7 +21,7 @@ from pytest_tfmem import hookspecs
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
-from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers, section_lines
+from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers
 from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
 from pytest_tfmem.core.handoffs import PROFILER_IN_USE
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker, probes
@@ -37,7 +37,7 @@ from pytest_tfmem.core.rerun import (
 )
 from pytest_tfmem.core.retained import Boundary
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
-from pytest_tfmem.core.summary import render_table, summary_rows
+from pytest_tfmem.core.summary import render_table, section_text, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import failure_for
@@ -363,7 +363,7 @@ class TfmemManager:
         added = [] if record is None else self._report_sections(item, record)
         report = yield
         if record is not None:
-            report.sections.append(("tfmem", _section_text(record)))
+            report.sections.append(("tfmem", section_text(record)))
             for sections in added:
                 report.sections.extend(sections)
         elif call.when == "call" and not subtest and self.is_measured(item) and not report.skipped:
@@ -421,12 +421,3 @@ class TfmemManager:
             self._imports.uninstall()
         if self.collector.freezing:
             self.collector.thaw()
-
-
-def _section_text(record: TestRecord) -> str:
-    if record.measurement is None:  # its process died before any figure came back: what tfmem knows
-        return "\n".join([*(verdict.message for verdict in record.verdicts), *record.notes])
-    rows = render_table(summary_rows([record], 1, subtests=True))
-    imports = section_lines(record.measurement.first_imports)
-    return "\n".join([*rows, *imports, *record.measurement.notes, *record.notes])
-

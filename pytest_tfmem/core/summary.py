@@ -1,9 +1,10 @@
-"""The terminal summary: a table of the heaviest tests."""
+"""The terminal summary's table of the heaviest tests, and a test's own ``tfmem`` section."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_tfmem.core.first_imports import section_lines
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.units import format_size
@@ -126,3 +127,13 @@ def render_table(rows: list[list[str]]) -> list[str]:
         cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
         lines.append("  ".join(cells).rstrip())
     return lines
+
+
+def section_text(record: TestRecord) -> str:
+    """A measured test's ``tfmem`` report section: its row (and its subtests'), the first imports
+    left out of its figures, the notes."""
+    if record.measurement is None:  # its process died before any figure came back: what tfmem knows
+        return "\n".join([*(verdict.message for verdict in record.verdicts), *record.notes])
+    rows = render_table(summary_rows([record], 1, subtests=True))
+    imports = section_lines(record.measurement.first_imports)
+    return "\n".join([*rows, *imports, *record.measurement.notes, *record.notes])
