@@ -190,12 +190,29 @@ def pruning_advice(training_peak: int, budget: int, pruned: SavedSize, dense: Sa
     return role, reason, note
 
 
+def converter_keras() -> ModuleType:
+    """The Keras whose models TensorFlow Lite's converter takes: ``tf.keras``, but tf-keras on
+    TensorFlow 2.16 with Keras 3. There the converter aborts the process on any Keras 3 model
+    ("LLVM ERROR: Failed to infer result type(s)", tensorflow/tensorflow#63987); 2.21's does not.
+    Raises ``ImportError`` where tf-keras is needed and missing."""
+    major, minor = (int(part) for part in tf.__version__.split(".")[:2])
+    if keras_3() and (major, minor) < (2, 17):
+        return importlib.import_module("tf_keras")
+    return tf.keras
+
+
 def save_for_inference(directory: Path, width: int = WIDTH) -> tuple[Path, Path]:
-    """Save the model as ``.keras`` and as int8-quantized ``.tflite`` (dynamic range quantization)."""
+    """Save the model as ``.keras`` and as int8-quantized ``.tflite`` (dynamic range quantization;
+    the same layers and weights, built with ``converter_keras()`` where that is not ``tf.keras``)."""
     directory.mkdir(parents=True, exist_ok=True)
     model = build_model(width)
     keras_path, tflite_path = directory / "model.keras", directory / "model-int8.tflite"
     model.save(keras_path)
+    keras = converter_keras()
+    if keras is not tf.keras:
+        converted = build_model(width, keras=keras)
+        converted.set_weights(model.get_weights())
+        model = converted
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
     temporary = tflite_path.with_name(f".{tflite_path.name}.tmp")
