@@ -170,7 +170,10 @@ def test_a_real_oom_kill_in_a_memory_cgroup_is_named_with_the_limit(tmp_path: Pa
     assert death["signal"] == "SIGKILL" and death["sender"] == "the kernel's OOM killer"
     assert death["limit"] == limit and "memory.limit_in_bytes" in death["limit_source"]
     assert death["place"]["stack"][-1][0] == "load_shards"
-    assert 250 * MiB < death["last_rss"] <= limit
+    # RSS also counts file-backed pages (the interpreter's and NumPy's libraries: about 13 MiB a
+    # process) that the kernel charged to the cgroup that first read them, not to this one: the
+    # last reading may pass the limit by those (403 MiB of 400 once).
+    assert 250 * MiB < death["last_rss"] <= limit + 48 * MiB
     assert "  killed by the OOM killer (this cgroup's oom_kill count rose by 1) at " in done.stderr
     assert "in load_shards (grow.py:" in done.stderr and ", limit 400.0 MiB" in done.stderr
 
