@@ -51,6 +51,7 @@ class Sizes:
     overhead_tests: int  # tests per overhead process
     runs: int  # spike and leak runs per contender, spread over the repetitions
     isolation_tests: int  # tests per isolation session
+    order_tests: int = len(tables.ORDER_TESTS)  # the first so many of the order section's tests
     # Order and isolation figures barely vary between runs while their TensorFlow sessions
     # take most of the time: they run in the first repetitions only.
     slow_repeat: int = 2
@@ -60,7 +61,8 @@ class Sizes:
 
 
 FULL = Sizes(repeat=3, overhead_tests=3, runs=20, isolation_tests=2)
-QUICK = Sizes(repeat=1, overhead_tests=1, runs=2, isolation_tests=1)
+# The order section's NumPy test alone: its TensorFlow tests' sessions took 2 of its 2.5 minutes.
+QUICK = Sizes(repeat=1, overhead_tests=1, runs=2, isolation_tests=1, order_tests=1)
 
 
 def _rotated(contenders: tuple[Contender, ...], rep: int) -> tuple[Contender, ...]:
@@ -85,7 +87,7 @@ def plan(sections: tuple[str, ...], sizes: Sizes) -> list[tuple[int, Job | tuple
         if "spike" in sections and runs[0][1] != "0":
             steps += [(rep, Job("spike", "spike.py", c, sizes=runs)) for c in _rotated(MEASURING_CONTENDERS, rep)]
         if "order" in sections and sizes.slow_jobs_in(rep):
-            for workload, test, _ in tables.ORDER_TESTS:
+            for workload, test, _ in tables.ORDER_TESTS[: sizes.order_tests]:
                 steps.append((rep, (workload, test)))
                 for contender in _rotated(MEASURING_CONTENDERS, rep):
                     steps.append((rep, Job("order", workload, contender, "alone", ("-k", test))))
@@ -124,7 +126,8 @@ def smaller_than_default(sections: tuple[str, ...], sizes: Sizes) -> bool:
     repeated = {"overhead", "spike", "leaks"} & set(sections) and sizes.repeat < FULL.repeat
     fewer_runs = {"spike", "leaks"} & set(sections) and sizes.runs < FULL.runs
     slow = {"order", "isolation"} & set(sections) and min(sizes.repeat, sizes.slow_repeat) < FULL.slow_repeat
-    return bool(repeated or fewer_runs or slow)
+    fewer_order_tests = "order" in sections and sizes.order_tests < FULL.order_tests
+    return bool(repeated or fewer_runs or slow or fewer_order_tests)
 
 
 def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, command: str, header: list[str]) -> str:
@@ -134,8 +137,11 @@ def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, com
         repetitions += f", {slow} for order independence and isolation"
     lines = [*header, f"Command: `{command}` ({repetitions})."]
     if smaller_than_default(sections, sizes):
+        order = (f"; order independence for {sizes.order_tests} of its {FULL.order_tests} tests"
+                 if "order" in sections and sizes.order_tests < FULL.order_tests else "")
         lines.append(f"A smaller run than the default ({FULL.repeat} repetitions, {FULL.runs} spike and leak runs per "
-                     f"contender; here {sizes.repeat} and {sizes.runs}): its medians and counts rest on fewer runs.")
+                     f"contender; here {sizes.repeat} and {sizes.runs}{order}): its medians and counts rest on "
+                     "fewer runs.")
     lines.append("")
     titles = {
         "overhead": ("**Overhead**: test time (call phase start to report ready; imports, collection and "
@@ -239,8 +245,8 @@ def page(tables_markdown: str, sections: tuple[str, ...]) -> str:
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="one repetition, 2 spike/leak runs, 1 test per session: "
-                             "checks the harness, not the numbers")
+                        help="one repetition, 2 spike/leak runs, 1 test per session, the order section's "
+                             "NumPy test only: checks the harness, not the numbers")
     parser.add_argument("--repeat", type=int, help=f"repetitions of every job (default {FULL.repeat})")
     parser.add_argument("--runs", type=int, help=f"spike and leak runs per contender (default {FULL.runs})")
     parser.add_argument("--workloads", default=",".join(SECTIONS),
@@ -270,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         overhead_tests=base.overhead_tests,
         runs=arguments.runs or base.runs,
         isolation_tests=base.isolation_tests,
+        order_tests=base.order_tests,
     )
     command = "python benchmarks/run.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     load_before = os.getloadavg()

@@ -6,6 +6,7 @@ contender. docs/benchmarks.md is written by a full run (``--output docs/benchmar
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,9 @@ def test_every_workload_runs_and_every_table_renders(tmp_path):
     # fresh-process reference of 300 MB of small numpy arrays: about 286 MiB
     reference = table_row(markdown, "**numpy heap: 300 MB of 100 KB arrays**")
     assert reference[2].endswith("MiB") and 250 < float(reference[2].split()[0]) < 320, reference
+    # --quick runs the order section's NumPy test only, and says so
+    assert "TensorFlow: 300 MB of tensors" not in markdown
+    assert "; order independence for 1 of its 3 tests)" in markdown
     tight = table_row(markdown, LEAK_TFMEM_TIGHT.label)
     assert tight[1] == "0/2" and tight[2] == "2/2", tight  # no false positive; 0.25 MB/iteration caught
     assert "errors" not in "\n".join(line for line in markdown.splitlines() if line.startswith("| "))
@@ -145,3 +149,6 @@ def test_a_smaller_run_is_named_only_where_its_sections_had_fewer_runs():
     assert run.smaller_than_default(("order",), run.Sizes(repeat=1, overhead_tests=3, runs=20, isolation_tests=2))
     assert run.smaller_than_default(("spike",), run.Sizes(repeat=3, overhead_tests=3, runs=10, isolation_tests=2))
     assert run.smaller_than_default(("overhead", "order"), run.Sizes(repeat=2, overhead_tests=3, runs=20, isolation_tests=2))
+    fewer_order_tests = dataclasses.replace(run.FULL, order_tests=1)
+    assert run.smaller_than_default(("order",), fewer_order_tests)
+    assert not run.smaller_than_default(("spike", "leaks"), fewer_order_tests)
