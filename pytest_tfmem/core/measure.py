@@ -285,6 +285,8 @@ class Probes:
 # Process-wide on purpose: the host's high-water mark and TensorFlow's allocators are the
 # process's, and nested windows (a test's, its ``tfmem.measure()`` blocks, a leak check's, with or
 # without a pytest session) must share one tracker per view to fold their peaks into each other.
+# Not a session's state: a session run inside a test (pytester's inline runs) would reset the
+# high-water mark under the outer test's open window.
 _probes: Probes | None = None
 
 
