@@ -76,10 +76,12 @@ def check_report(path) -> dict[str, dict]:
     assert_close(marked["(size='60MB')"], 60 * MIB)
     assert [s["outcome"] for s in tests["test_marked"]["subtests"]] == ["passed", "skipped"]
     # The budget is the test's: its window covers its subtests' (the highest host level it saw is
-    # no lower than any subtest's; a subtest's increase may start a page lower than the test's).
+    # no lower than any subtest's; the increases are compared below, within a few pages).
     host_peak = _host_view(tests["test_method"]["measurement"])["peak"]
     assert all(host_peak >= _host_view(sub["measurement"])["peak"] for sub in tests["test_method"]["subtests"])
-    assert tests["test_method"]["measurement"]["peak"] >= max(method.values()) - 4096
+    # Heap handed back between two windows may include pages resident when the test started: a
+    # subtest's increase may start a few pages lower (8 KiB once).
+    assert tests["test_method"]["measurement"]["peak"] >= max(method.values()) - 16 * 1024
     assert tests["test_marked"]["budget"] == 100_000_000
     return tests
 
