@@ -202,6 +202,15 @@ class Retainer:
     held: int | None = None
     worker: str | None = None
 
+    @property
+    def weight(self) -> int:
+        """What ranks it: what it left, or for a fixture what it held, whichever is more."""
+        return max(self.bytes, self.held or 0)
+
+
+def _heaviest_first(retainer: Retainer) -> tuple[int, str]:
+    return -retainer.weight, retainer.name
+
 
 @dataclass(frozen=True)
 class ProcessAccount:
@@ -275,12 +284,13 @@ class ProcessAccount:
             found.append(Retainer(FIXTURE, name, left, what, held, self.worker))
         for kind in (IMPORT, RUNTIME):
             found += [Retainer(kind, b.name, b.bytes, b.detail, worker=self.worker) for _, b in self.bookings(kind)]
-        return sorted(found, key=lambda r: (-max(r.bytes, r.held or 0), r.name))
+        return sorted(found, key=_heaviest_first)
 
     def to_dict(self) -> dict[str, Any]:
-        fixtures = [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(FIXTURE)]
-        imports = [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(IMPORT)]
-        runtime = [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(RUNTIME)]
+        fixtures, imports, runtime = (
+            [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(kind)]
+            for kind in (FIXTURE, IMPORT, RUNTIME)
+        )
         return {
             "worker": self.worker,
             "tests": len(self.tests),
@@ -339,8 +349,8 @@ class SessionAccount:
 
     def top_retainers(self, count: int, at_least: int = NOTABLE_RETAINER) -> list[Retainer]:
         """Who had left the most (or, for a fixture, held), at least ``at_least``, over every process."""
-        every = [r for p in self.processes for r in p.retainers() if max(r.bytes, r.held or 0) >= at_least]
-        return sorted(every, key=lambda r: (-max(r.bytes, r.held or 0), r.name))[:count]
+        every = [r for p in self.processes for r in p.retainers() if r.weight >= at_least]
+        return sorted(every, key=_heaviest_first)[:count]
 
     def to_dict(self) -> dict[str, Any] | None:
         if not self.processes:
