@@ -126,8 +126,11 @@ def smaller_than_default(sections: tuple[str, ...], sizes: Sizes) -> bool:
     repeated = {"overhead", "spike", "leaks"} & set(sections) and sizes.repeat < FULL.repeat
     fewer_runs = {"spike", "leaks"} & set(sections) and sizes.runs < FULL.runs
     slow = {"order", "isolation"} & set(sections) and min(sizes.repeat, sizes.slow_repeat) < FULL.slow_repeat
-    fewer_order_tests = "order" in sections and sizes.order_tests < FULL.order_tests
-    return bool(repeated or fewer_runs or slow or fewer_order_tests)
+    return bool(repeated or fewer_runs or slow or _fewer_order_tests(sections, sizes))
+
+
+def _fewer_order_tests(sections: tuple[str, ...], sizes: Sizes) -> bool:
+    return "order" in sections and sizes.order_tests < FULL.order_tests
 
 
 def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, command: str, header: list[str]) -> str:
@@ -138,7 +141,7 @@ def render(results: tables.Results, sections: tuple[str, ...], sizes: Sizes, com
     lines = [*header, f"Command: `{command}` ({repetitions})."]
     if smaller_than_default(sections, sizes):
         order = (f"; order independence for {sizes.order_tests} of its {FULL.order_tests} tests"
-                 if "order" in sections and sizes.order_tests < FULL.order_tests else "")
+                 if _fewer_order_tests(sections, sizes) else "")
         lines.append(f"A smaller run than the default ({FULL.repeat} repetitions, {FULL.runs} spike and leak runs per "
                      f"contender; here {sizes.repeat} and {sizes.runs}{order}): its medians and counts rest on "
                      "fewer runs.")
