@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes import children as children_probe, host, tf as tf_probe
+from pytest_tfmem.probes.children import ChildrenReading
 from pytest_tfmem.probes.imports import FirstImport
 from pytest_tfmem.probes.mixed import MixedReading, MixedSampler
 from pytest_tfmem.units import format_size
@@ -151,6 +152,8 @@ class Measurement:
     mixed_interval_s: float | None = None
     # Modules first imported in the window: left out of every view (``probes.imports``).
     first_imports: tuple[FirstImport, ...] = ()
+    # The processes the window started (``probes.children``), ``None`` if it started none.
+    children: ChildrenReading | None = None
 
     def view(self, name: str) -> ViewReading | None:
         return next((v for v in self.views if v.view == name), None)
@@ -193,9 +196,20 @@ class Measurement:
         return max(self.host, self.tf_host)
 
     @property
-    def peak(self) -> int:
-        """The exact views' figure, or the sampled mixed figure where that is clearly larger."""
+    def own_peak(self) -> int:
+        """This process's figure: the exact views', or the sampled mixed figure where that is
+        clearly larger."""
         return self.mixed if self.sampled and self.mixed is not None else self.exact_peak
+
+    @property
+    def children_peak(self) -> int:
+        """The combined figure of the processes the window started (0 if none)."""
+        return self.children.combined if self.children is not None else 0
+
+    @property
+    def peak(self) -> int:
+        """The process tree's figure: this process's own, plus the processes it started."""
+        return self.own_peak + self.children_peak
 
     @property
     def sampled(self) -> bool:
@@ -230,6 +244,7 @@ class Measurement:
             mixed=data.get("mixed"),
             mixed_interval_s=data.get("mixed_interval_s"),
             first_imports=tuple(FirstImport.from_dict(booking) for booking in data.get("first_imports", ())),
+            children=ChildrenReading.from_dict(data["children"]) if data.get("children") else None,
         )
 
 
@@ -320,6 +335,7 @@ class Monitor:
         self.trackers = tuple(trackers)
         self._mixed: MixedSampler | None = None
         self.measurement: Measurement | None = None
+        self._children: children_probe.ChildWindow | None = None
         self._windows: list[tuple[PeakTracker, _Window]] = []
         self._t0 = 0.0
 
@@ -329,6 +345,7 @@ class Monitor:
         self._windows = [(tracker, tracker.open()) for tracker in (*probes().trackers(), *self.trackers)]
         self._arm_mixed()
         probes().monitors.append(self)
+        self._children = children_probe.watch().open()
         self._t0 = time.perf_counter()
         return self
 
@@ -350,12 +367,15 @@ class Monitor:
         if self._mixed is None:
             self._arm_mixed()
 
-    def _measurement(self, readings: tuple[ViewReading, ...], mixed: MixedReading | None) -> Measurement:
+    def _measurement(
+        self, readings: tuple[ViewReading, ...], mixed: MixedReading | None, children: ChildrenReading | None = None
+    ) -> Measurement:
         exact = bool(getattr(probes().host.source, "exact", True))
         notes = [] if exact else ["host peak sampled every 1 ms: the kernel high-water mark is unavailable"]
         measurement = Measurement(
             readings, time.perf_counter() - self._t0, exact, (),
             mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
+            children=children,
         )
         swapped = host.swapped_bytes()
         if swapped:
@@ -382,7 +402,10 @@ class Monitor:
         if self in probes().monitors:
             probes().monitors.remove(self)
         mixed = self._mixed.disarm() if self._mixed is not None else None
-        self.measurement = self._measurement(tuple(tracker.close(w) for tracker, w in self._windows), mixed)
+        readings = tuple(tracker.close(w) for tracker, w in self._windows)
+        started = children_probe.watch().close(self._children) if self._children is not None else None
+        self._children = None
+        self.measurement = self._measurement(readings, mixed, started)
         return self.measurement
 
     def __enter__(self) -> Monitor:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pytest_tfmem.core.first_imports import section_lines
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.probes.children import ChildFigure, ChildrenReading
 from pytest_tfmem.units import format_size
 
 
@@ -70,26 +71,27 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
         subtests and any(subtest.retained is not None for r in measured for subtest in r.subtests)
     )
     retained_column = ["retained"] if with_retained else []
-    header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *nvml_column, "budget", "use", *gpu_budget_columns,
-              *retained_column]
+    with_children = any(r.measurement.children is not None for r in measured)  # type: ignore[union-attr]
+    header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *(["children"] if with_children else []), *nvml_column,
+              "budget", "use", *gpu_budget_columns, *retained_column]
     rows = [[*header, "result"]]
     for record in measured[:top]:
         assert record.measurement is not None
         gpu_budget_cells = [format_size(record.gpu_budget), use_percent(record.gpu_need, record.gpu_budget)]
         rows.append(
-            _figure_cells(record.nodeid, record.measurement, with_nvml)
+            _figure_cells(record.nodeid, record.measurement, with_nvml, with_children)
             + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
             + (gpu_budget_cells if with_gpu_budget else [])
             + ([_retained(record)] if with_retained else [])
             + [_result(record)]
         )
         if subtests:
-            rows += _subtest_rows(record, with_nvml, with_gpu_budget, with_retained)
+            rows += _subtest_rows(record, with_nvml, with_gpu_budget, with_retained, with_children)
     return rows
 
 
-def _figure_cells(name: str, m: Measurement, with_nvml: bool) -> list[str]:
-    """The name, peak, host, TF CPU, TF GPU (and NVML) cells of a row."""
+def _figure_cells(name: str, m: Measurement, with_nvml: bool, with_children: bool = False) -> list[str]:
+    """The name, peak, host, TF CPU, TF GPU (children, NVML) cells of a row."""
     has_tf = any(v.view.startswith("tf:CPU") for v in m.views)
     return [
         name,
@@ -97,12 +99,13 @@ def _figure_cells(name: str, m: Measurement, with_nvml: bool) -> list[str]:
         format_size(m.host),
         format_size(m.tf_host) if has_tf else "-",
         format_size(m.gpu),
+        *([format_size(m.children_peak) if m.children is not None else "-"] if with_children else []),
         *([_nvml(m)] if with_nvml else []),
     ]
 
 
 def _subtest_rows(
-    record: TestRecord, with_nvml: bool, with_gpu_budget: bool, with_retained: bool
+    record: TestRecord, with_nvml: bool, with_gpu_budget: bool, with_retained: bool, with_children: bool
 ) -> list[list[str]]:
     """A row per subtest of the test, heaviest first: ``  [message] (i=2)`` and its figures."""
     rows = []
@@ -110,7 +113,7 @@ def _subtest_rows(
         peak = subtest.measurement.peak
         over = record.budget is not None and peak > record.budget
         rows.append(
-            _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml)
+            _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml, with_children)
             + ["", use_percent(peak, record.budget)]
             + (["", ""] if with_gpu_budget else [])
             + ([_signed(subtest.retained)] if with_retained else [])
@@ -136,4 +139,44 @@ def section_text(record: TestRecord) -> str:
         return "\n".join([*(verdict.message for verdict in record.verdicts), *record.notes])
     rows = render_table(summary_rows([record], 1, subtests=True))
     imports = section_lines(record.measurement.first_imports)
-    return "\n".join([*rows, *imports, *record.measurement.notes, *record.notes])
+    started = children_lines(record.measurement.children)
+    return "\n".join([*rows, *started, *imports, *record.measurement.notes, *record.notes])
+
+
+# How many of the processes a test started its section names (the largest, and every one that died).
+SECTION_CHILDREN = 5
+
+
+def children_lines(children: ChildrenReading | None) -> list[str]:
+    """The processes a test started, for its section: their combined figure and how it was
+    obtained, the largest by name, and every one that was killed."""
+    if children is None:
+        return []
+    count = len(children.processes)
+    named = children.largest(SECTION_CHILDREN)
+    named += [figure for figure in children.processes if figure.died and figure not in named]
+    lines = [
+        f"processes it started: {count}, together {format_size(children.combined)} ({combined_basis(children)})"
+        + (f"; the {SECTION_CHILDREN} largest:" if count > len(named) else ":")
+    ]
+    return lines + [f"  {describe_child(figure)}" for figure in named]
+
+
+def combined_basis(children: ChildrenReading) -> str:
+    """How the processes' combined figure was obtained, in words."""
+    if children.combined_basis == "marks summed":
+        return (
+            "exact marks of processes that ran at once, added: an upper bound; their sizes read every "
+            f"{children.interval_s * 1000:g} ms added up to {format_size(children.sampled_sum)} at most: a lower bound"
+        )
+    if len(children.processes) == 1:
+        return "its high-water mark"
+    return "the largest high-water mark: they ran one at a time"
+
+
+def describe_child(figure: ChildFigure) -> str:
+    """``pid 4242 `python -c ...`: peak 300.0 MiB, exited with 0``; a killed process's last size."""
+    how = "running when the test ended" if figure.running else (figure.ended or "ended (reaped elsewhere)")
+    basis = "" if figure.exact else " (as last read)"
+    last = f", last read at {format_size(figure.last_rss)}" if figure.died else ""
+    return f"pid {figure.pid} `{figure.command}`: peak {format_size(figure.peak)}{basis}{last}, {how}"

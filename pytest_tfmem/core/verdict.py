@@ -27,8 +27,18 @@ def view_label(view: str) -> str:
 
 
 def describe_views(measurement: Measurement) -> str:
-    """``host RSS 598.0 MiB, TF CPU:0 allocator 540.0 MiB``: where the memory went."""
-    return ", ".join(f"{view_label(view.view)} {format_size(view.increase)}" for view in measurement.views)
+    """``host RSS 598.0 MiB, TF CPU:0 allocator 540.0 MiB``: where the memory went; the processes
+    the test started, with the largest named: ``processes it started 400.0 MiB, the largest pid
+    4242 `python train.py```."""
+    views = [f"{view_label(view.view)} {format_size(view.increase)}" for view in measurement.views]
+    if measurement.children is not None:
+        largest = measurement.children.largest(1)[0]
+        count = len(measurement.children.processes)
+        views.append(
+            f"{count} process{'es' if count > 1 else ''} it started {format_size(measurement.children_peak)}, "
+            f"the largest pid {largest.pid} `{largest.command}` {format_size(largest.peak)}"
+        )
+    return ", ".join(views)
 
 
 def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None:

@@ -92,6 +92,52 @@ def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[flo
     return kept if kept[-1] == timeline[-1] else [*kept, timeline[-1]]
 
 
+@dataclass
+class ProcessMark:
+    """One descendant of a watched process, as its readings found it (bytes, ``time.monotonic``).
+
+    A fork copy (a process that has not called ``exec``: a ``multiprocessing`` fork worker, a
+    forkserver's worker) starts out mapping its parent's pages, which its resident size and
+    high-water mark count: ``inherited`` is its size when first read, and its own figure is
+    what it grew above that. A process that ran a program of its own inherited nothing.
+    """
+
+    pid: int
+    parent: int
+    command: str
+    first_seen: float
+    last_seen: float
+    inherited: int  # a fork copy's size when first read; 0 for a process that ran ``exec``
+    high_water_mark: int  # the highest ``VmHWM`` read
+    rss: int  # at the last reading
+    fork_copy: bool
+
+    @property
+    def own_peak(self) -> int:
+        """The process's own peak above what it inherited: exact as of its last reading."""
+        return max(0, self.high_water_mark - self.inherited)
+
+
+def command_line(pid: int, width: int = 60) -> str:
+    """``python -c import numpy ...``: a process's command line, shortened to ``width``
+    characters (``[name]`` for a kernel thread or a process whose arguments are gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            args = cmdline.read().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(" ".join(arg.decode(errors="replace").split()) for arg in args if arg)
+    if not text:
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as comm:
+                text = f"[{comm.read().strip().decode(errors='replace')}]"
+        except OSError:
+            return "?"
+    args0, _, rest = text.partition(" ")
+    text = " ".join(filter(None, [os.path.basename(args0), rest]))
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 class ProcessTreeRss:
     """Resident memory of a process plus its descendants, less those in ``leave_out``.
 
@@ -115,6 +161,9 @@ class ProcessTreeRss:
         self._processes: dict[int, psutil.Process | None] = {}  # the descendants, by pid (None: gone)
         self._marks: dict[int, int] = {}  # pid -> high-water mark at the last read
         self._refreshed = float("-inf")
+        # Every descendant read since ``forget`` (the ended ones too), by pid.
+        self.processes: dict[int, ProcessMark] = {}
+        self._commands: dict[int, str] = {}  # pid -> its command line as last read
 
     def refresh(self) -> None:
         try:
@@ -144,12 +193,42 @@ class ProcessTreeRss:
         root = host.resident_and_high_water_mark(self.pid)
         if root is None or root[0] == 0:  # gone, or a zombie: the process has ended, its memory is gone
             raise psutil.ZombieProcess(self.pid)
-        rss, self._marks = root[0], {self.pid: root[1]}
+        readings = {self.pid: root}
         for process in self.descendants:
             if process.pid not in self.leave_out and (memory := host.resident_and_high_water_mark(process.pid)):
-                rss += memory[0]
-                self._marks[process.pid] = memory[1]
-        return rss
+                readings[process.pid] = memory
+        self._marks = {pid: memory[1] for pid, memory in readings.items()}
+        now = time.monotonic()
+        for pid, memory in readings.items():
+            if pid != self.pid:
+                self._note(pid, memory, now, readings)
+        return sum(memory[0] for memory in readings.values())
+
+    def _note(self, pid: int, memory: tuple[int, int], now: float, readings: dict[int, tuple[int, int]]) -> None:
+        """Update ``pid``'s ``ProcessMark`` with a reading of (RSS, high-water mark)."""
+        known = self.processes.get(pid)
+        if known is not None and known.fork_copy and self._command(pid, again=True) != known.command:
+            known = None  # the fork copy has run ``exec`` since: a new program, with a mark of its own
+        if known is None:
+            parent = self._parents.get(pid, self.pid)
+            command = self._command(pid)
+            fork_copy = command == self._command(parent)
+            # A fork copy starts with at most its parent's resident pages: if it was first read
+            # after it had grown, its parent's size is the closer figure.
+            inherited = min(memory[0], readings.get(parent, memory)[0]) if fork_copy else 0
+            known = self.processes[pid] = ProcessMark(pid, parent, command, now, now, inherited, 0, 0, fork_copy)
+        known.last_seen, known.rss = now, memory[0]
+        known.high_water_mark = max(known.high_water_mark, memory[1])
+
+    def _command(self, pid: int, again: bool = False) -> str:
+        if again or pid not in self._commands:
+            self._commands[pid] = command_line(pid)
+        return self._commands[pid]
+
+    def forget(self) -> None:
+        """Drop the ``ProcessMark`` of every process read so far."""
+        self.processes = {}
+        self._commands = {pid: command for pid, command in self._commands.items() if pid in self._parents}
 
     def high_water_marks(self) -> dict[int, int]:
         """Each process's high-water mark (``VmHWM``, exact) at the last ``read``, by pid: the

@@ -1,0 +1,322 @@
+"""The processes a measured window starts, and what each of them needed.
+
+A test's memory includes the processes it starts: a training script run with ``subprocess``, a
+``multiprocessing`` pool, a Keras data loader's workers. ``ChildWatch`` reads this process's
+descendants through the one reader of a process tree (``watchdog.ProcessTreeRss``) while a
+window is open, and hands each window a ``ChildrenReading``:
+
+- each process's own peak is the kernel's high-water mark (``VmHWM``), which keeps spikes
+  between two readings; it is read every ``INTERVAL_S`` while the process lives, and once more
+  when it is reaped: ``os.waitpid`` (through which ``subprocess`` and ``multiprocessing`` reap
+  their children) goes through ``os.wait4`` while a window is open, whose ``ru_maxrss`` is the
+  mark the process had when it ended. That figure also counts what the process inherited (a
+  fork's copy of its parent; the parent's own mark, for a program started with ``exec``), so it
+  is used only where it can be told apart (see ``_exact_peak``).
+- their combined figure: where processes ran at the same time, their marks are added, an upper
+  bound (their peaks need not have met); the sum of their resident sizes at each reading is
+  kept too, a lower bound (a reading can miss a short peak).
+- how each ended: its exit code or signal, where this process reaped it, and the machine's or
+  cgroup's OOM kill count, so that a child the OOM killer took is named.
+
+A window that starts no process costs one ``waitid`` call at each end and a wake-up of the
+watch's thread every ``INTERVAL_S`` that makes the same call (no child: nothing more to read).
+Processes already running when a window opens (an isolation template, a pool a wider fixture
+started) are not the window's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pytest_tfmem.probes import host, system
+from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, describe_signal, killed_by_oom_killer
+
+INTERVAL_S = 0.005
+# How often the list of descendants is refreshed when no new process id was handed out.
+_REFRESH_S = 0.25
+_LOADAVG = "/proc/loadavg"
+
+
+@dataclass(frozen=True)
+class ChildFigure:
+    """One process a window started: its own peak (bytes) and how it ended."""
+
+    pid: int
+    command: str
+    peak: int  # above what it inherited from its parent
+    exact: bool  # the kernel's mark when it ended; otherwise as of its last reading
+    last_rss: int
+    ended: str | None  # "exited with 0", "killed by SIGKILL ...", None while running or not reaped here
+    running: bool  # still running when the window closed
+    oom_killed: bool = False
+
+    @property
+    def died(self) -> bool:
+        """Killed: by the OOM killer, SIGKILL, or a crash (not stopped by SIGTERM or SIGINT, as a
+        pool stops its workers)."""
+        return self.oom_killed or (self.ended or "").startswith("killed")
+
+
+@dataclass(frozen=True)
+class ChildrenReading:
+    """The processes a window started and their combined figure (bytes)."""
+
+    processes: tuple[ChildFigure, ...]
+    combined: int
+    combined_basis: str  # "one at a time", "marks summed" (an upper bound)
+    sampled_sum: int  # highest sum of their resident sizes at one reading (a lower bound)
+    interval_s: float = INTERVAL_S
+
+    def largest(self, count: int) -> list[ChildFigure]:
+        return sorted(self.processes, key=lambda figure: figure.peak, reverse=True)[:count]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChildrenReading:
+        return cls(
+            processes=tuple(ChildFigure(**figure) for figure in data["processes"]),
+            combined=data["combined"],
+            combined_basis=data["combined_basis"],
+            sampled_sum=data["sampled_sum"],
+            interval_s=data.get("interval_s", INTERVAL_S),
+        )
+
+
+@dataclass
+class _Reaped:
+    status: int
+    max_rss: int  # ``ru_maxrss``, bytes
+    parent_mark: int  # this process's high-water mark when it reaped the child
+
+
+@dataclass(eq=False)
+class ChildWindow:
+    started: float
+    leave_out: frozenset[int]
+    oom_before: system.OomKillCount | None = None
+    oom_read: bool = False
+    sampled_sum: int = 0
+    seen: set[int] = field(default_factory=set)
+
+
+def _has_children() -> bool:
+    """Whether this process has a child, running or ended and not reaped (one system call)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _last_pid() -> bytes:
+    """The last process id the kernel handed out, anywhere on the machine."""
+    try:
+        with open(_LOADAVG, "rb") as loadavg:
+            return loadavg.read().rsplit(b" ", 1)[-1]
+    except OSError:
+        return b""
+
+
+class ChildWatch:
+    """This process's descendants while windows are open; one per process (``watch()``)."""
+
+    def __init__(self) -> None:
+        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"))
+        self._windows: list[ChildWindow] = []
+        self._reaped: dict[int, _Reaped] = {}
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_pid = b""
+        self._refreshed = 0.0
+        self._waitpid: Callable[[int, int], tuple[int, int]] | None = None  # the original, while replaced
+
+    # -- windows
+
+    def open(self) -> ChildWindow:
+        with self._lock:
+            leave_out: frozenset[int] = frozenset()
+            if _has_children():
+                self._refresh()
+                leave_out = frozenset(process.pid for process in self._tree.descendants)
+            window = ChildWindow(time.monotonic(), leave_out)
+            self._windows.append(window)
+            self._install_waitpid()
+            self._start_thread()
+            return window
+
+    def close(self, window: ChildWindow) -> ChildrenReading | None:
+        """End ``window``; what it started, or ``None`` if it started nothing."""
+        with self._lock:
+            if _has_children() or self._tree.descendants:
+                self._tick(refresh=True)
+            self._windows.remove(window)
+            reading = self._reading(window)
+            if not self._windows:
+                self._tree.forget()
+                self._reaped.clear()
+                self._restore_waitpid()
+            return reading
+
+    # -- readings
+
+    def _start_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="tfmem-children", daemon=True)
+            self._thread.start()
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                if not self._windows:
+                    self._wake.clear()
+                    continue
+                if _has_children() or self._tree.descendants:
+                    self._tick()
+            time.sleep(INTERVAL_S)
+
+    def _refresh(self) -> None:
+        self._last_pid, self._refreshed = _last_pid(), time.monotonic()
+        self._tree.refresh()
+
+    def _tick(self, refresh: bool = False) -> None:
+        """Read every descendant; refresh their list first if a process was started anywhere."""
+        if refresh or _last_pid() != self._last_pid or time.monotonic() - self._refreshed >= _REFRESH_S:
+            self._refresh()
+        try:
+            self._tree.read()
+        except Exception:  # this process is the root: never gone; a /proc oddity is skipped
+            return
+        alive = {process.pid for process in self._tree.descendants}
+        for window in self._windows:
+            own = [
+                mark for pid, mark in self._tree.processes.items()
+                if pid in alive and pid not in window.leave_out and mark.last_seen >= window.started
+            ]
+            if own and not window.oom_read:
+                window.oom_before, window.oom_read = system.oom_kill_counter(), True
+            window.seen.update(mark.pid for mark in own)
+            window.sampled_sum = max(window.sampled_sum, sum(max(0, m.rss - m.inherited) for m in own))
+
+    def _reading(self, window: ChildWindow) -> ChildrenReading | None:
+        pids = (window.seen | {pid for pid in self._reaped if pid not in window.leave_out}) - window.leave_out
+        if not pids:
+            return None
+        oom = system.oom_kills_since(window.oom_before) if window.oom_read else None
+        alive = {process.pid for process in self._tree.descendants}
+        figures = [self._figure(pid, pid in alive, oom) for pid in sorted(pids)]
+        combined, basis = _combined(figures, [self._tree.processes.get(pid) for pid in sorted(pids)])
+        return ChildrenReading(tuple(figures), combined, basis, window.sampled_sum)
+
+    def _figure(self, pid: int, running: bool, oom: system.OomKillCount | None) -> ChildFigure:
+        mark = self._tree.processes.get(pid)
+        reaped = self._reaped.get(pid)
+        peak = mark.own_peak if mark is not None else 0
+        # A process that waited for children of its own (a shell) reports their mark if larger.
+        parent = any(other.parent == pid for other in self._tree.processes.values())
+        exact_peak = None if parent else _exact_peak(mark, reaped)
+        ended, oom_killed = None, False
+        if reaped is not None:
+            if os.WIFSIGNALED(reaped.status):
+                sig = signal.Signals(os.WTERMSIG(reaped.status))
+                count = None if oom is None else oom.count
+                if sig in (signal.SIGTERM, signal.SIGINT):
+                    ended = f"stopped by {sig.name}"
+                else:
+                    ended = describe_signal(sig, count, "this cgroup" if oom is None else oom.scope)
+                    ended = ended.replace(" (not sent by pytest-tfmem)", "")
+                oom_killed = killed_by_oom_killer(sig, count)
+            else:
+                ended = f"exited with {os.waitstatus_to_exitcode(reaped.status)}"
+        command = "(ended before its first reading)"
+        if mark is not None:
+            command = f"fork of {mark.command}" if mark.fork_copy else mark.command
+        return ChildFigure(
+            pid, command, max(peak, exact_peak or 0), exact_peak is not None,
+            mark.rss if mark is not None else 0, ended, running, oom_killed,
+        )
+
+    # -- reaping
+
+    def _install_waitpid(self) -> None:
+        if self._waitpid is None and hasattr(os, "wait4"):
+            self._waitpid = os.waitpid
+            os.waitpid = self._waitpid_through_wait4
+
+    def _restore_waitpid(self) -> None:
+        if self._waitpid is not None and os.waitpid == self._waitpid_through_wait4:
+            os.waitpid = self._waitpid
+        self._waitpid = None
+
+    def _waitpid_through_wait4(self, pid: int, options: int) -> tuple[int, int]:
+        """``os.waitpid``, done by ``os.wait4`` to learn the reaped process's high-water mark."""
+        if os.getpid() != self._tree.pid:  # a fork of this process (a pool's worker): plain waitpid
+            reaped_pid, status, _ = os.wait4(pid, options)
+            return reaped_pid, status
+        if pid > 0 and options & os.WNOHANG == 0:
+            with self._lock:  # one last reading of the process before it is reaped: it may be a zombie already
+                if self._windows and pid in self._tree.processes:
+                    self._tick()
+        reaped_pid, status, usage = os.wait4(pid, options)
+        if reaped_pid > 0:
+            with self._lock:
+                if self._windows:
+                    self._reaped[reaped_pid] = _Reaped(status, usage.ru_maxrss * 1024, host.high_water_mark() or 0)
+        return reaped_pid, status
+
+    def stop(self) -> None:
+        """Put ``os.waitpid`` back (the plugin's end)."""
+        with self._lock:
+            self._restore_waitpid()
+
+
+def _exact_peak(mark: ProcessMark | None, reaped: _Reaped | None) -> int | None:
+    """The process's own peak from ``ru_maxrss`` where it can be told apart from what it inherited:
+    a fork copy's mark less its inherited size; a program's mark where it exceeds the parent's own
+    mark (the kernel keeps the larger of the two across ``exec``)."""
+    if reaped is None:
+        return None
+    if mark is not None and mark.fork_copy:
+        return max(0, reaped.max_rss - mark.inherited)
+    if reaped.max_rss > reaped.parent_mark:
+        return reaped.max_rss
+    return None
+
+
+def _combined(figures: list[ChildFigure], marks: list[ProcessMark | None]) -> tuple[int, str]:
+    """The processes' combined figure: the largest sum of the peaks of processes alive together."""
+    never_read = (float("inf"), float("inf"))  # ended before its first reading: alone, as far as known
+    spans = [
+        ((mark.first_seen, mark.last_seen) if mark is not None else never_read) + (figure.peak,)
+        for figure, mark in zip(figures, marks)
+    ]
+    best, overlapped = 0, False
+    for start, _, _ in spans:
+        together = [peak for first, last, peak in spans if first <= start <= last]
+        overlapped |= len(together) > 1
+        best = max(best, sum(together))
+    best = max(best, max((figure.peak for figure in figures), default=0))
+    return best, "marks summed" if overlapped else "one at a time"
+
+
+_watch: ChildWatch | None = None
+
+
+def watch() -> ChildWatch:
+    """This process's ``ChildWatch``."""
+    global _watch
+    if _watch is None or _watch._tree.pid != os.getpid():  # a fork (an isolated test) watches its own
+        _watch = ChildWatch()
+    return _watch

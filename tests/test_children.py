@@ -1,0 +1,222 @@
+"""The processes a test starts are part of its figure: subprocess, multiprocessing (fork, spawn,
+forkserver), ProcessPoolExecutor, a shell script's children; each named, how each ended said.
+
+One pytest run (in process, then isolated) serves the checks that read it: each of its tests
+starts processes that hold known sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_tfmem.core.summary import combined_basis
+from pytest_tfmem.probes.children import ChildFigure, ChildrenReading, _combined
+from pytest_tfmem.probes.watchdog import ProcessMark
+
+MiB = 2**20
+
+HOLD = 150  # MiB each child holds
+
+SUITE = f'''
+import concurrent.futures, multiprocessing, os, signal, subprocess, sys, time
+
+HOLD = {HOLD}
+SCRIPT = (
+    "import sys, time\\n"
+    "block = bytearray(int(sys.argv[1]) * 2**20)\\n"
+    "for i in range(0, len(block), 4096): block[i] = 1\\n"
+)
+
+
+def hold(mib, seconds=0.3):
+    block = bytearray(mib * 2**20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(seconds)
+    return len(block)
+
+
+def test_subprocess_script():
+    subprocess.run([sys.executable, "-c", SCRIPT, str(HOLD)], check=True)
+
+
+def test_fork_pool():
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(hold, [HOLD, HOLD])
+
+
+def test_spawn_process():
+    process = multiprocessing.get_context("spawn").Process(target=hold, args=(HOLD,))
+    process.start()
+    process.join()
+
+
+def test_forkserver_process():
+    process = multiprocessing.get_context("forkserver").Process(target=hold, args=(HOLD,))
+    process.start()
+    process.join()
+
+
+def test_process_pool_executor():
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        list(pool.map(hold, [HOLD, HOLD]))
+
+
+def test_shell_script():
+    subprocess.run(["sh", "-c", f'"{{sys.executable}}" -c "$0" {{HOLD}}; true', SCRIPT + "time.sleep(0.3)\\n"], check=True)
+
+
+def test_child_killed():
+    child = subprocess.Popen([sys.executable, "-c", SCRIPT + "time.sleep(30)\\n", "40"])
+    time.sleep(1.0)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+
+def test_pool_left_running():
+    global POOL
+    POOL = multiprocessing.get_context("fork").Pool(1)
+    POOL.apply(hold, (30, 0))
+
+
+def test_starts_nothing():
+    pass
+'''
+
+
+def _run(tmp: Path, *args: str) -> dict:
+    (tmp / "test_kids.py").write_text(SUITE)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_kids.py", "--tfmem-budget=100MB",
+               "--tfmem-report=report.json", "-rA", *args]
+    result = subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=300)
+    assert (tmp / "report.json").exists(), result.stdout + result.stderr
+    report = json.loads((tmp / "report.json").read_text())
+    return {"stdout": result.stdout, "tests": {t["nodeid"].split("::")[1]: t for t in report["tests"]}}
+
+
+@pytest.fixture(scope="module")
+def in_process(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run(tmp_path_factory.mktemp("children"))
+
+
+@pytest.fixture(scope="module")
+def isolated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _run(tmp_path_factory.mktemp("children-isolated"), "--tfmem-isolate")
+
+
+def _children(entry: dict) -> ChildrenReading:
+    return ChildrenReading.from_dict(entry["measurement"]["children"])
+
+
+@pytest.mark.parametrize("run", ["in_process", "isolated"])
+@pytest.mark.parametrize(
+    ("test", "processes_at_least", "combined_mib"),
+    [
+        ("test_subprocess_script", 1, HOLD),
+        ("test_fork_pool", 2, 2 * HOLD),
+        ("test_spawn_process", 1, HOLD),
+        ("test_forkserver_process", 1, HOLD),
+        ("test_process_pool_executor", 2, 2 * HOLD),
+        ("test_shell_script", 2, HOLD),
+    ],
+)
+def test_what_a_test_starts_counts_in_its_peak_and_fails_its_budget(
+    request: pytest.FixtureRequest, run: str, test: str, processes_at_least: int, combined_mib: int
+):
+    entry = request.getfixturevalue(run)["tests"][test]
+    children = _children(entry)
+    assert len(children.processes) >= processes_at_least
+    # Each child holds HOLD MiB above what it inherited; a Python interpreter adds 10-30 MiB; a fork
+    # copy's inherited size is its size when first read, within milliseconds of its start, when it
+    # may have grown (5 MiB of 150 seen) or not yet have touched its parent's libraries again.
+    assert 0.9 * combined_mib * MiB <= children.combined <= (combined_mib + 2 * 40) * MiB
+    assert entry["measurement"]["peak"] >= children.combined  # the tree's figure, this process's own added
+    assert entry["outcome"] == "failed"
+    budget = next(v for v in entry["verdicts"] if v["check"] == "budget")
+    assert "it started" in budget["message"] and "the largest pid" in budget["message"]
+    assert all(figure.command for figure in children.processes)
+
+
+def test_overlapping_children_are_an_upper_bound_with_the_sampled_sum_below(in_process: dict):
+    children = _children(in_process["tests"]["test_fork_pool"])
+    assert children.combined_basis == "marks summed"
+    assert 2 * HOLD * MiB * 0.9 <= children.sampled_sum <= children.combined
+    assert "an upper bound" in combined_basis(children) and "a lower bound" in combined_basis(children)
+    one = _children(in_process["tests"]["test_subprocess_script"])
+    assert one.combined_basis == "one at a time"
+    [script] = one.processes
+    assert script.exact and script.ended == "exited with 0" and "python" in script.command
+
+
+def test_fork_copies_count_what_they_grew_not_what_they_share(in_process: dict):
+    for figure in _children(in_process["tests"]["test_fork_pool"]).processes:
+        assert figure.command.startswith("fork of ")
+        assert 0.9 * HOLD * MiB <= figure.peak <= (HOLD + 40) * MiB
+
+
+def test_a_child_killed_by_a_signal_is_named_though_the_test_passes(in_process: dict):
+    entry = in_process["tests"]["test_child_killed"]
+    assert entry["outcome"] == "passed"
+    [child] = _children(entry).processes
+    assert child.died and child.ended.startswith("killed by SIGKILL")
+    assert child.last_rss >= 40 * MiB
+    section = in_process["stdout"].split("test_child_killed ___")[1]
+    assert f"pid {child.pid}" in section and "last read at" in section and "killed by SIGKILL" in section
+
+
+def test_a_process_left_running_is_named(in_process: dict):
+    [worker] = _children(in_process["tests"]["test_pool_left_running"]).processes
+    assert worker.running and 0.9 * 30 * MiB <= worker.peak <= 40 * MiB
+
+
+def test_a_test_that_starts_nothing_has_no_children_view(in_process: dict, isolated: dict):
+    for run in (in_process, isolated):
+        assert run["tests"]["test_starts_nothing"]["measurement"]["children"] is None
+        assert run["tests"]["test_starts_nothing"]["outcome"] == "passed"
+
+
+def test_the_table_has_a_children_column(in_process: dict):
+    table = in_process["stdout"].split("peak memory need per test")[1]
+    header = table.splitlines()[1]
+    assert "children" in header.split()
+    row = next(line for line in table.splitlines() if "test_starts_nothing" in line)
+    assert " - " in row
+
+
+EXITS_AT_ONCE = """
+import subprocess, sys
+import pytest
+
+@pytest.mark.parametrize("attempt", range(10))
+def test_holds_and_exits(attempt):
+    script = "block = bytearray(300 * 2**20)\\nfor i in range(0, len(block), 4096): block[i] = 1\\n"
+    subprocess.run([sys.executable, "-c", script], check=True)
+"""
+
+
+def test_a_child_that_exits_at_once_is_caught_every_time(pytester: pytest.Pytester):
+    pytester.makepyfile(EXITS_AT_ONCE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=report.json")
+    result.assert_outcomes(passed=10)
+    tests = json.loads((pytester.path / "report.json").read_text())["tests"]
+    figures = [_children(entry).processes[0] for entry in tests]
+    assert len(figures) == 10
+    assert all(300 * MiB <= figure.peak <= 330 * MiB and figure.exact for figure in figures)
+
+
+def _mark(pid: int, first: float, last: float) -> ProcessMark:
+    return ProcessMark(pid, 1, "x", first, last, 0, 0, 0, False)
+
+
+def test_combined_figure_adds_only_processes_alive_together():
+    figures = [ChildFigure(pid, "x", peak, True, 0, None, False) for pid, peak in ((1, 100), (2, 50), (3, 70))]
+    # 1 and 2 ran together, 3 after both
+    combined, basis = _combined(figures, [_mark(1, 0, 2), _mark(2, 1, 3), _mark(3, 4, 5)])
+    assert (combined, basis) == (150, "marks summed")
+    combined, basis = _combined(figures, [_mark(1, 0, 1), _mark(2, 2, 3), _mark(3, 4, 5)])
+    assert (combined, basis) == (100, "one at a time")
