@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cgroup_helpers import memory_cgroup, oom_kills, run_pytest_in
 
 from pytest_tfmem.core.summary import combined_basis
 from pytest_tfmem.probes.children import ChildFigure, ChildrenReading, _combined
@@ -220,3 +221,26 @@ def test_combined_figure_adds_only_processes_alive_together():
     assert (combined, basis) == (150, "marks summed")
     combined, basis = _combined(figures, [_mark(1, 0, 1), _mark(2, 2, 3), _mark(3, 4, 5)])
     assert (combined, basis) == (100, "one at a time")
+
+
+OOM_SUITE = """
+import subprocess, sys
+
+def test_training_script_runs_out_of_memory():
+    script = "block = bytearray(600 * 2**20)\\nfor i in range(0, len(block), 4096): block[i] = 1\\n"
+    child = subprocess.run([sys.executable, "-c", script])
+    assert child.returncode == -9
+"""
+
+
+def test_a_child_the_oom_killer_took_is_named_with_the_cgroups_count(pytester: pytest.Pytester):
+    """A real OOM kill: pytest runs in a 300 MiB memory cgroup; the test's child asks for 600 MiB."""
+    pytester.makepyfile(OOM_SUITE)
+    with memory_cgroup(300 * MiB) as cgroup:
+        result = run_pytest_in(pytester, cgroup, "-p", "no:cacheprovider", "--tfmem-budget=1GB", "-rA")
+        assert oom_kills(cgroup) == 1
+    result.assert_outcomes(passed=1)
+    line = next(line for line in result.outlines if line.startswith("  pid "))
+    assert "`python -c block = bytearray(600 * 2**20)" in line
+    assert "killed by SIGKILL: the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by 1)" in line
+    assert "last read at " in line
