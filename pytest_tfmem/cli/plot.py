@@ -88,7 +88,7 @@ def plot_session(account: SessionAccount, path: str | Path, *, top: int = 5) -> 
     fixtures = {(r.worker, r.name) for r in account.top_retainers(top) if r.kind != TEST}
     drawn = 0
     for process in account.processes:
-        sizes = [process.start.rss / MIB, *(retained.after.rss / MIB for _, retained in process.tests)]
+        sizes = [process.start.total / MIB, *(retained.after.total / MIB for _, retained in process.tests)]
         label = process.worker or "process"
         axes.plot(range(len(sizes)), sizes, marker=".", label=f"{label}: RSS after each test")
         for index, (nodeid, retained) in enumerate(process.tests, start=1):
@@ -99,7 +99,7 @@ def plot_session(account: SessionAccount, path: str | Path, *, top: int = 5) -> 
             if (process.worker, nodeid) in marked:
                 names.insert(0, f"{_short(nodeid, 40)} {format_size(retained.bytes, signed=True)}")
             if names:
-                axes.annotate("\n".join(names), (index, retained.after.rss / MIB), fontsize=7,
+                axes.annotate("\n".join(names), (index, retained.after.total / MIB), fontsize=7,
                               xytext=(4, 8), textcoords="offset points", arrowprops={"arrowstyle": "-"})
         drawn += len(process.tests)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -41,7 +41,7 @@ from pytest_tfmem.core.summary import render_table, section_text, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import failure_for
-from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes import children as children_probe, host, tf as tf_probe
 from pytest_tfmem.probes.garbage import Collector
 from pytest_tfmem.probes.imports import ImportLedger
 
@@ -141,7 +141,7 @@ class TfmemManager:
         self.last_boundary: Boundary | None = None
         # The isolation templates this process started: readings of its process tree (the
         # journal's) leave them out; isolation adds and removes them.
-        self.template_pids: set[int] = set()
+        self.template_pids: set[int] = children_probe.watch().helpers
         remove_inherited_ledgers()
 
     @property

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_tfmem.core import measure
-from pytest_tfmem.probes import host
+from pytest_tfmem.probes import children, host
 from pytest_tfmem.probes.tf import TFAllocator
 from pytest_tfmem.units import format_size
 
@@ -41,10 +41,17 @@ class Level:
     rss: int
     tf_in_use: int = 0  # TensorFlow's CPU allocator, in use
     tf_pool: int = 0  # the pool's estimate: the highest level ever in use
+    children: int = 0  # the processes this one started that are still running (``probes.children``)
+
+    @property
+    def total(self) -> int:
+        """This process's RSS and its running descendants' own sizes."""
+        return self.rss + self.children
 
     @property
     def outside_pool(self) -> int:
-        return self.rss - self.tf_pool
+        """Host memory outside TensorFlow's pool, the running descendants' included."""
+        return self.total - self.tf_pool
 
     @property
     def held(self) -> int:
@@ -57,7 +64,9 @@ class Level:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Level:
-        return cls(int(data["rss"]), int(data.get("tf_in_use", 0)), int(data.get("tf_pool", 0)))
+        return cls(
+            int(data["rss"]), int(data.get("tf_in_use", 0)), int(data.get("tf_pool", 0)), int(data.get("children", 0))
+        )
 
 
 def _tf_cpu_allocator() -> TFAllocator | None:
@@ -65,14 +74,20 @@ def _tf_cpu_allocator() -> TFAllocator | None:
     return next((s for s in sources if isinstance(s, TFAllocator) and s.device == "CPU:0"), None)
 
 
+def children_size() -> int:
+    """What the running descendants hold above what they inherited (0, at the cost of one system
+    call, when there are none)."""
+    return sum(max(0, mark.rss - mark.inherited) for mark in children.watch().running())
+
+
 def current_level() -> Level:
     """The process now (no collection: see ``read_level``)."""
     allocator = _tf_cpu_allocator()
     if allocator is None:
-        return Level(host.current_rss())
+        return Level(host.current_rss(), children=children_size())
     allocator.peak()  # the highest level since the last reset counts towards the pool
     in_use = allocator.current()
-    return Level(host.current_rss(), in_use, allocator.pool_estimate)
+    return Level(host.current_rss(), in_use, allocator.pool_estimate, children_size())
 
 
 class ResidentPool:
@@ -99,7 +114,7 @@ class ResidentPool:
         if keep:
             self._highest = max(self._highest, reading.tf_pool)
             self._resident, self._rss = resident, reading.rss
-        return Level(reading.rss, reading.tf_in_use, resident)
+        return Level(reading.rss, reading.tf_in_use, resident, reading.children)
 
 
 def read_level(collect: Callable[[], object]) -> Level:
@@ -230,8 +245,8 @@ class ProcessAccount:
 
     @property
     def growth(self) -> int:
-        """RSS at the end less RSS at the start."""
-        return self.end.rss - self.start.rss
+        """RSS at the end less RSS at the start, the running descendants' included."""
+        return self.end.total - self.start.total
 
     @property
     def tests_bytes(self) -> int:
@@ -294,8 +309,8 @@ class ProcessAccount:
         return {
             "worker": self.worker,
             "tests": len(self.tests),
-            "start_bytes": self.start.rss,
-            "end_bytes": self.end.rss,
+            "start_bytes": self.start.total,
+            "end_bytes": self.end.total,
             "growth_bytes": self.growth,
             "start": asdict(self.start),
             "end": asdict(self.end),
@@ -356,8 +371,8 @@ class SessionAccount:
         if not self.processes:
             return None
         return {
-            "start_bytes": self.total(lambda p: p.start.rss),
-            "end_bytes": self.total(lambda p: p.end.rss),
+            "start_bytes": self.total(lambda p: p.start.total),
+            "end_bytes": self.total(lambda p: p.end.total),
             "growth_bytes": self.growth,
             "tests_retained_bytes": self.total(lambda p: p.tests_bytes),
             "fixtures_bytes": self.total(lambda p: p.booked_bytes(FIXTURE)),

@@ -26,8 +26,10 @@ started) are not the window's.
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -127,11 +129,44 @@ def _last_pid() -> bytes:
         return b""
 
 
+class ForkSizes:
+    """The size of each fork copy of this process when it started, told by the copy itself.
+
+    A fork copy's resident size and high-water mark count the pages it shares with its parent;
+    its own figure is what it grew above its size at the fork. Read from outside, that size is
+    only known once a reading finds the copy (within ``INTERVAL_S``, or at the next test boundary
+    for one started between windows), when it may have grown already. So each copy made by
+    ``os.fork`` (``multiprocessing``'s fork start method, ``ProcessPoolExecutor``, Keras's
+    workers) writes its pid and resident size into a page shared with this process, at a slot
+    of its own, right after the fork (``os.register_at_fork``); a fork server's copies (another
+    interpreter) are read from outside.
+    """
+
+    SLOTS = 1024
+    _RECORD = struct.Struct("<qq")
+
+    def __init__(self) -> None:
+        self._page = mmap.mmap(-1, self.SLOTS * self._RECORD.size)  # anonymous and shared with forks
+        os.register_at_fork(after_in_child=self._tell)
+
+    def _tell(self) -> None:
+        pid = os.getpid()
+        try:
+            self._RECORD.pack_into(self._page, (pid % self.SLOTS) * self._RECORD.size, pid, host.current_rss())
+        except (OSError, ValueError):
+            pass
+
+    def size(self, pid: int) -> int | None:
+        """``pid``'s resident size when it was forked, if it told it."""
+        told, size = self._RECORD.unpack_from(self._page, (pid % self.SLOTS) * self._RECORD.size)
+        return size if told == pid else None
+
+
 class ChildWatch:
     """This process's descendants while windows are open; one per process (``watch()``)."""
 
     def __init__(self) -> None:
-        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"))
+        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"), start_size=_fork_sizes().size)
         self._windows: list[ChildWindow] = []
         self._reaped: dict[int, _Reaped] = {}
         self._lock = threading.RLock()
@@ -140,6 +175,8 @@ class ChildWatch:
         self._last_pid = b""
         self._refreshed = 0.0
         self._waitpid: Callable[[int, int], tuple[int, int]] | None = None  # the original, while replaced
+        # tfmem's own processes among the descendants (isolation templates): nobody's children
+        self.helpers: set[int] = set()
 
     # -- windows
 
@@ -148,7 +185,7 @@ class ChildWatch:
             leave_out: frozenset[int] = frozenset()
             if _has_children():
                 self._refresh()
-                leave_out = frozenset(process.pid for process in self._tree.descendants)
+                leave_out = frozenset(process.pid for process in self._tree.descendants) | self.helpers
             window = ChildWindow(time.monotonic(), leave_out)
             self._windows.append(window)
             self._install_waitpid()
@@ -163,10 +200,20 @@ class ChildWatch:
             self._windows.remove(window)
             reading = self._reading(window)
             if not self._windows:
-                self._tree.forget()
+                self._tree.forget()  # a process still running stays known: what stays is read between tests
                 self._reaped.clear()
                 self._restore_waitpid()
             return reading
+
+    def running(self) -> list[ProcessMark]:
+        """The descendants running now, less ``helpers``: each one's ``own_peak`` is its mark, its
+        ``rss`` less what it inherited its size now (``running_size``)."""
+        with self._lock:
+            if not (_has_children() or self._tree.descendants):
+                return []
+            self._tick(refresh=True)
+            alive = {process.pid for process in self._tree.descendants} - self.helpers
+            return [mark for pid, mark in self._tree.processes.items() if pid in alive]
 
     # -- readings
 
@@ -312,6 +359,15 @@ def _combined(figures: list[ChildFigure], marks: list[ProcessMark | None]) -> tu
 
 
 _watch: ChildWatch | None = None
+_sizes: ForkSizes | None = None
+
+
+def _fork_sizes() -> ForkSizes:
+    """One per process and its forks: the page is shared, and a fork hook cannot be taken back."""
+    global _sizes
+    if _sizes is None:
+        _sizes = ForkSizes()
+    return _sizes
 
 
 def watch() -> ChildWatch:

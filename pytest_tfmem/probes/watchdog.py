@@ -152,8 +152,15 @@ class ProcessTreeRss:
     of the tree's processes, one ``/proc/PID/status`` each (tens of microseconds).
     """
 
-    def __init__(self, pid: int, refresh_s: float = _TREE_REFRESH_S, leave_out: Collection[int] = ()) -> None:
+    def __init__(
+        self,
+        pid: int,
+        refresh_s: float = _TREE_REFRESH_S,
+        leave_out: Collection[int] = (),
+        start_size: Callable[[int], int | None] = lambda pid: None,
+    ) -> None:
         self.pid = pid
+        self.start_size = start_size  # a fork copy's size when it started, where known (``children.ForkSizes``)
         self.leave_out = leave_out
         self.refresh_s = refresh_s
         self.descendants: list[psutil.Process] = []
@@ -207,15 +214,17 @@ class ProcessTreeRss:
     def _note(self, pid: int, memory: tuple[int, int], now: float, readings: dict[int, tuple[int, int]]) -> None:
         """Update ``pid``'s ``ProcessMark`` with a reading of (RSS, high-water mark)."""
         known = self.processes.get(pid)
-        if known is not None and known.fork_copy and self._command(pid, again=True) != known.command:
+        if known is not None and known.fork_copy and _ran_exec(known.command, self._command(pid, again=True)):
             known = None  # the fork copy has run ``exec`` since: a new program, with a mark of its own
         if known is None:
             parent = self._parents.get(pid, self.pid)
             command = self._command(pid)
             fork_copy = command == self._command(parent)
             # A fork copy starts with at most its parent's resident pages: if it was first read
-            # after it had grown, its parent's size is the closer figure.
-            inherited = min(memory[0], readings.get(parent, memory)[0]) if fork_copy else 0
+            # after it had grown, its parent's size is the closer figure, unless it told its own.
+            inherited = 0
+            if fork_copy:
+                inherited = self.start_size(pid) or min(memory[0], readings.get(parent, memory)[0])
             known = self.processes[pid] = ProcessMark(pid, parent, command, now, now, inherited, 0, 0, fork_copy)
         known.last_seen, known.rss = now, memory[0]
         known.high_water_mark = max(known.high_water_mark, memory[1])
@@ -226,14 +235,21 @@ class ProcessTreeRss:
         return self._commands[pid]
 
     def forget(self) -> None:
-        """Drop the ``ProcessMark`` of every process read so far."""
-        self.processes = {}
+        """Drop the ``ProcessMark`` of every process that has ended (as of the last refresh)."""
+        running = {process.pid for process in self.descendants}
+        self.processes = {pid: mark for pid, mark in self.processes.items() if pid in running}
         self._commands = {pid: command for pid, command in self._commands.items() if pid in self._parents}
 
     def high_water_marks(self) -> dict[int, int]:
         """Each process's high-water mark (``VmHWM``, exact) at the last ``read``, by pid: the
         root, then the descendants last listed; a process already gone is left out."""
         return dict(self._marks)
+
+
+def _ran_exec(command: str, now: str) -> bool:
+    """A fork copy's command line has become another program's (not one that could not be read:
+    a process that is ending has none)."""
+    return now != command and now != "?" and not now.startswith("[")
 
 
 def _parent_pid(pid: int) -> int | None:

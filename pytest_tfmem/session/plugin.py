@@ -49,7 +49,7 @@ from pytest_tfmem.core.retained import (
 )
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import TfmemFailure, failure_for
-from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes import children, host, tf as tf_probe
 from pytest_tfmem.session.stayed import Snapshot, Watcher
 from pytest_tfmem.session.summary import account_lines
 from pytest_tfmem.units import SIZE_FORMS, format_size
@@ -200,6 +200,7 @@ class SessionBooks:
         if record is None:  # not measured after all (setup failed, skipped)
             return None
         self._seq += 1
+        weighed.stayed = (*still_running(record), *weighed.stayed)
         cleared = None if before_clearing is None else before_clearing.held - level.held
         record.retained = Retained(
             span.before, level, tuple(span.bookings), self._seq, processes.process_label(self.config),
@@ -322,3 +323,18 @@ def fixture_label(fixturedef: pytest.FixtureDef[Any]) -> str:
     if name.startswith(_UNITTEST_CLASS_FIXTURE):
         name = name[len(_UNITTEST_CLASS_FIXTURE):] + ".setUpClass"
     return f"{name} ({fixturedef.scope} scope)"
+
+
+def still_running(record: TestRecord) -> list[str]:
+    """``process pid 4242 `fork of python ...` still running: 30.0 MiB``, for each process the
+    test's call started that is still running after its teardown."""
+    started = record.measurement.children if record.measurement is not None else None
+    if started is None:
+        return []
+    running = {mark.pid: mark for mark in children.watch().running()}
+    return [
+        f"process pid {figure.pid} `{figure.command}` still running: "
+        f"{format_size(max(0, running[figure.pid].rss - running[figure.pid].inherited))}"
+        for figure in started.processes
+        if figure.running and figure.pid in running
+    ]

@@ -27,7 +27,7 @@ def process_line(process: ProcessAccount) -> str:
     explained = f"; {100 * share:.0f}% explained by tests, fixtures, imports and the pool" if share is not None else ""
     who = f"{process.worker}: " if process.worker else "process "
     return (
-        f"{who}{format_size(process.start.rss)} -> {format_size(process.end.rss)} ({_signed(process.growth)}) "
+        f"{who}{format_size(process.start.total)} -> {format_size(process.end.total)} ({_signed(process.growth)}) "
         f"over {len(process.tests)} measured test{'s' if len(process.tests) != 1 else ''}: "
         + ", ".join(parts) + explained
     )
