@@ -300,3 +300,54 @@ def test_a_process_left_running_counts_in_the_retained_figure_and_a_fixtures_in_
     assert abs(user["retained_bytes"]) < 10 * MiB
     [setup] = [b for b in report["session"]["workers"][0]["fixtures"] if b["detail"] == "setup"]
     assert setup["name"].startswith("server") and 55 * MiB <= setup["bytes"] <= 70 * MiB
+
+
+LEAKING_POOLS = """
+import multiprocessing
+import pytest_tfmem
+
+POOLS = []
+
+def grow(mib):
+    global BLOCK
+    BLOCK = bytearray(mib * 2**20)
+    for i in range(0, len(BLOCK), 4096):
+        BLOCK[i] = 1
+
+def start_a_pool_and_keep_it():
+    POOLS.append(multiprocessing.get_context("fork").Pool(1))
+    POOLS[-1].apply(grow, (20,))
+
+def test_a_pool_per_iteration_leaks():
+    pytest_tfmem.assert_no_leak(start_a_pool_and_keep_it, iterations=5, warmup=1, max_growth="4MB")
+"""
+
+
+def test_a_leak_check_sees_processes_left_running_per_iteration(pytester: pytest.Pytester):
+    pytester.makepyfile(LEAKING_POOLS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "tfmem: leak: +20.* MiB per iteration > max_growth 3.8 MiB *",
+        "  growth per iteration * processes it started +20.* MiB",
+    ])
+
+
+TRACED = """
+import subprocess, sys
+import tensorflow as tf
+
+def test_runs_a_training_script():
+    tf.constant(1.0)
+    script = "import time\\nblock = bytearray(150 * 2**20)\\nfor i in range(0, len(block), 4096): block[i] = 1\\ntime.sleep(0.3)\\n"
+    subprocess.run([sys.executable, "-c", script], check=True)
+"""
+
+
+def test_the_trace_timeline_of_a_test_over_budget_draws_its_processes(pytester: pytest.Pytester):
+    pytester.makepyfile(TRACED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=100MB")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["memory timeline: TensorBoard scalars memory/host_rss_mib, memory/children_mib, *"])
+    [summary] = pytester.path.glob(".tfmem/traces/*/*/summary.json")
+    assert (summary.parent / "timeline.png").stat().st_size > 0

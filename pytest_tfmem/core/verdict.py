@@ -18,9 +18,12 @@ class Verdict:
 
 
 def view_label(view: str) -> str:
-    """``host`` -> ``host RSS``, ``tf:CPU:0`` -> ``TF CPU:0 allocator``, ``nvml:1`` -> ``GPU 1 (NVML)``."""
+    """``host`` -> ``host RSS``, ``tf:CPU:0`` -> ``TF CPU:0 allocator``, ``nvml:1`` -> ``GPU 1 (NVML)``,
+    ``children`` -> ``processes it started``."""
     if view == "host":
         return "host RSS"
+    if view == "children":  # the running processes it started (``probes.children``)
+        return "processes it started"
     if view.startswith("nvml:"):  # NVML: this process's memory on a GPU
         return f"GPU {view[5:]} (NVML)"
     return f"TF {view[3:]} allocator"

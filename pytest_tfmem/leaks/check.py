@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ParamSpec
 
 from pytest_tfmem.core import measure
+from pytest_tfmem.core.retained import children_size
 from pytest_tfmem.core.verdict import Verdict, view_label
 from pytest_tfmem.errors import LeakDetected
 from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
@@ -178,6 +179,8 @@ def leak_check(
             tracker.observe()
 
     complete = {view: tuple(levels) for view, levels in series.items() if len(levels) == iterations + 1}
+    if not any(complete.get(CHILDREN_VIEW, ())):
+        complete.pop(CHILDREN_VIEW, None)  # no process ran: no view
     return LeakReport(
         iterations=iterations,
         warmup=warmup,
@@ -223,11 +226,17 @@ def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iter
 
 
 def current_levels(trackers: Sequence[measure.PeakTracker] = ()) -> dict[str, int]:
-    """Level of every memory view now (host RSS, each TF allocator, ``trackers``'s).
+    """Level of every memory view now (host RSS, each TF allocator, ``trackers``'s, and the
+    running processes this one started, ``children``).
 
     Only current levels are read: no peak is reset, so enclosing windows are undisturbed.
     """
-    return {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
+    levels = {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
+    levels[CHILDREN_VIEW] = children_size()
+    return levels
+
+
+CHILDREN_VIEW = "children"
 
 
 def failing_on_leak(check: Callable[P, LeakReport], doc: str) -> Callable[P, LeakReport]:

@@ -139,7 +139,10 @@ def command_line(pid: int, width: int = 60) -> str:
 
 
 class ProcessTreeRss:
-    """Resident memory of a process plus its descendants, less those in ``leave_out``.
+    """Resident memory of a process plus its descendants' own, less those in ``leave_out``.
+
+    A descendant that is a fork copy counts what it grew above its size at the fork
+    (``ProcessMark``): the pages it shares with its parent are the parent's.
 
     ``leave_out`` holds the isolation templates a session started (read at every ``read``, so
     its owner may change it): their forks count, each mapping the template's pages it uses, so
@@ -204,12 +207,13 @@ class ProcessTreeRss:
         for process in self.descendants:
             if process.pid not in self.leave_out and (memory := host.resident_and_high_water_mark(process.pid)):
                 readings[process.pid] = memory
-        self._marks = {pid: memory[1] for pid, memory in readings.items()}
         now = time.monotonic()
         for pid, memory in readings.items():
             if pid != self.pid:
                 self._note(pid, memory, now, readings)
-        return sum(memory[0] for memory in readings.values())
+        inherited = {pid: mark.inherited for pid, mark in self.processes.items() if pid in readings}
+        self._marks = {pid: max(0, memory[1] - inherited.get(pid, 0)) for pid, memory in readings.items()}
+        return sum(max(0, memory[0] - inherited.get(pid, 0)) for pid, memory in readings.items())
 
     def _note(self, pid: int, memory: tuple[int, int], now: float, readings: dict[int, tuple[int, int]]) -> None:
         """Update ``pid``'s ``ProcessMark`` with a reading of (RSS, high-water mark)."""
@@ -241,8 +245,9 @@ class ProcessTreeRss:
         self._commands = {pid: command for pid, command in self._commands.items() if pid in self._parents}
 
     def high_water_marks(self) -> dict[int, int]:
-        """Each process's high-water mark (``VmHWM``, exact) at the last ``read``, by pid: the
-        root, then the descendants last listed; a process already gone is left out."""
+        """Each process's high-water mark (``VmHWM``, exact) at the last ``read``, by pid, less
+        what a fork copy inherited: the root, then the descendants last listed; a process
+        already gone is left out."""
         return dict(self._marks)
 
 

@@ -41,7 +41,8 @@ def host_view() -> MemoryView:
 
 
 def scalar_tag(view: str) -> str:
-    """``host`` -> ``memory/host_rss_mib``; ``tf:CPU:0`` -> ``memory/tf_CPU:0_mib``."""
+    """``host`` -> ``memory/host_rss_mib``; ``tf:CPU:0`` -> ``memory/tf_CPU:0_mib``; ``children`` ->
+    ``memory/children_mib``."""
     return SCALAR_PREFIX + ("host_rss" if view == "host" else view.replace("tf:", "tf_")) + "_mib"
 
 
@@ -70,6 +71,14 @@ class Timeline:
             for v in self.views
         }
         return window
+
+    def without_idle(self, view: str) -> Timeline:
+        """The timeline less ``view`` where it read 0 throughout (no process ran, say)."""
+        if any(self.values.get(view, ())):
+            return self
+        kept = Timeline([v for v in self.views if v != view], list(self.times), list(self.wall_times),
+                        {v: values for v, values in self.values.items() if v != view}, self.interval_s)
+        return kept
 
     def above(self, view: str, start: int) -> list[float]:
         """The view's samples in MiB above ``start``."""
