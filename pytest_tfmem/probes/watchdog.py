@@ -204,16 +204,17 @@ class ProcessTreeRss:
         if root is None or root[0] == 0:  # gone, or a zombie: the process has ended, its memory is gone
             raise psutil.ZombieProcess(self.pid)
         readings = {self.pid: root}
-        for process in self.descendants:
-            if process.pid not in self.leave_out and (memory := host.resident_and_high_water_mark(process.pid)):
+        for process in self.descendants:  # those left out too: a fork copy's parent's size is its inheritance
+            if memory := host.resident_and_high_water_mark(process.pid):
                 readings[process.pid] = memory
         now = time.monotonic()
         for pid, memory in readings.items():
-            if pid != self.pid:
+            if pid != self.pid and pid not in self.leave_out:
                 self._note(pid, memory, now, readings)
-        inherited = {pid: mark.inherited for pid, mark in self.processes.items() if pid in readings}
-        self._marks = {pid: max(0, memory[1] - inherited.get(pid, 0)) for pid, memory in readings.items()}
-        return sum(max(0, memory[0] - inherited.get(pid, 0)) for pid, memory in readings.items())
+        counted = {pid: memory for pid, memory in readings.items() if pid not in self.leave_out}
+        inherited = {pid: mark.inherited for pid, mark in self.processes.items() if pid in counted}
+        self._marks = {pid: max(0, memory[1] - inherited.get(pid, 0)) for pid, memory in counted.items()}
+        return sum(max(0, memory[0] - inherited.get(pid, 0)) for pid, memory in counted.items())
 
     def _note(self, pid: int, memory: tuple[int, int], now: float, readings: dict[int, tuple[int, int]]) -> None:
         """Update ``pid``'s ``ProcessMark`` with a reading of (RSS, high-water mark)."""
