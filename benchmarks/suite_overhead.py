@@ -19,6 +19,9 @@ pair per core. The ratios are the medians of each pair's ratio:
   steps (``tf.GradientTape``, ``optimizer.apply``) of the same model, functions and methods;
 - ``trivial-tf``: tests that do nothing, in a module that imports TensorFlow and Keras: the
   fixed cost per measured test, with the most objects for the garbage collector to see;
+- ``processes``: tests that start processes (no TensorFlow): half run a Python script that holds
+  50 MiB and counts to two million, half map four tasks over a fork ``Pool(2)``: what reading the
+  processes a test starts costs (their CPU time counts, ``os.wait4`` gathers it);
 - ``drift``: trivial tests in a TensorFlow module where each test drops the 1 MiB cyclic object
   the test before it made, and makes its own: garbage that only a full collection finds. The
   RSS every 20 tests, from test 20 to the last, shows whether such memory is reclaimed.
@@ -156,7 +159,41 @@ def test_drop_and_make(index):
 '''
 
 
+PROCESSES_MODULE = '''
+import multiprocessing
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = (
+    "block = bytearray(50 * 2**20)\\n"
+    "for i in range(0, len(block), 4096): block[i] = 1\\n"
+    "sum(range(2_000_000))\\n"
+)
+
+
+def work(size):
+    block = bytearray(size * 2**20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    return sum(range(1_000_000))
+
+
+@pytest.mark.parametrize("index", range({scripts}))
+def test_runs_a_script(index):
+    subprocess.run([sys.executable, "-c", SCRIPT], check=True)
+
+
+@pytest.mark.parametrize("index", range({pools}))
+def test_maps_over_a_pool(index):
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        pool.map(work, [30, 30, 30, 30])
+'''
+
+
 REPOSITORY = Path(__file__).resolve().parent.parent
+SUITES = [*KERAS_KINDS, "trivial-tf", "drift", "processes"]
 
 
 @dataclass(frozen=True)
@@ -166,20 +203,29 @@ class Run:
     drift: dict[int, float]
 
 
-def write_suites(root: Path, keras_tests: int, trivial_tests: int) -> dict[str, Path]:
+def write_suites(root: Path, keras_tests: int, trivial_tests: int, names: list[str] | None = None) -> dict[str, Path]:
     suites = {"keras": root / "keras", "keras-steps": root / "steps", "keras-steps-pooled": root / "pooled",
-              "trivial-tf": root / "trivial", "drift": root / "drift"}
+              "trivial-tf": root / "trivial", "drift": root / "drift", "processes": root / "processes"}
+    suites = {name: path for name, path in suites.items() if names is None or name in names}
     for path in suites.values():
         path.mkdir(parents=True)
         (path / "pytest.ini").write_text("[pytest]\n")
     functions = keras_tests // 2
     for suite, (kind, train, prelude) in KERAS_KINDS.items():
+        if suite not in suites:
+            continue
         methods = "".join(METHOD.format(kind=kind, train=train, index=i) for i in range(keras_tests - functions))
         module = KERAS_MODULE.format(kind=kind, kind_class=kind.capitalize(), train=train, functions=functions,
                                      methods=methods, prelude=prelude)
         (suites[suite] / f"test_{kind}.py").write_text(module)
-    (suites["trivial-tf"] / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=trivial_tests))
-    (suites["drift"] / "test_drift.py").write_text(DRIFT_MODULE.format(count=trivial_tests))
+    modules = {
+        "trivial-tf": ("test_trivial.py", TRIVIAL_MODULE.format(count=trivial_tests)),
+        "drift": ("test_drift.py", DRIFT_MODULE.format(count=trivial_tests)),
+        "processes": ("test_processes.py", PROCESSES_MODULE.format(scripts=functions, pools=keras_tests - functions)),
+    }
+    for suite, (name, module) in modules.items():
+        if suite in suites:
+            (suites[suite] / name).write_text(module)
     return suites
 
 
@@ -259,21 +305,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keras-tests", type=int, default=40,
                         help="tests in each Keras suite (default 40)")
     parser.add_argument("--trivial-tests", type=int, default=300, help="tests in the trivial suites (default 300)")
+    parser.add_argument("--suites", help=f"comma-separated suites to run (default all: {', '.join(SUITES)})")
     parser.add_argument(
         "--output", help="also write the table, with the command and the machine, to this Markdown file"
     )
     args = parser.parse_args(argv)
+    chosen = args.suites.split(",") if args.suites else None
+    if chosen is not None and not set(chosen) <= set(SUITES):
+        parser.error(f"--suites: unknown {sorted(set(chosen) - set(SUITES))}; known: {', '.join(SUITES)}")
     cores = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-overhead-") as temporary:
         suites = {
-            core: {side: write_suites(Path(temporary) / f"core{core}-{name}", args.keras_tests, args.trivial_tests)
-                   for side, name in ((False, "without"), (True, "with"))}
+            core: {
+                side: write_suites(Path(temporary) / f"core{core}-{name}", args.keras_tests, args.trivial_tests, chosen)
+                for side, name in ((False, "without"), (True, "with"))
+            }
             for core in cores
         }
         names = list(suites[cores[0]][False])
         pairs = run_pairs([name for _ in range(args.repeat) for name in names], suites)
     tests = {**dict.fromkeys(KERAS_KINDS, args.keras_tests), "trivial-tf": args.trivial_tests,
-             "drift": args.trivial_tests}
+             "drift": args.trivial_tests, "processes": args.keras_tests}
     rows = []
     for name in names:
         runs = pairs[name]
