@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
@@ -26,6 +25,7 @@ from pytest_tfmem.probes.objects import (
     function_group,
     function_library_names,
     keras_name_counters,
+    module_global,
     own_types,
     short_labels,
     type_name,
@@ -154,7 +154,7 @@ def _loaded_classes(*paths: str) -> tuple[type, ...]:
     classes = []
     for path in paths:
         module_name, attribute = path.split(":")
-        found = getattr(sys.modules.get(module_name), attribute, None)
+        found = module_global(module_name, attribute)
         if isinstance(found, type):
             classes.append(found)
     return tuple(classes)

@@ -14,6 +14,8 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from pytest_tfmem.probes.objects import instance_dict
+
 # The containers whose growth a diagnosis follows (what piles up in a module global).
 CONTAINER_TYPES = (list, dict, set, collections.deque)
 
@@ -39,8 +41,9 @@ def _holder(container: Any) -> str:
     found: list[tuple[int, str]] = []
     modules: dict[int, str] = {}
     for name, module in list(sys.modules.items()):  # the first name wins: __main__, not an alias
-        if hasattr(module, "__dict__"):
-            modules.setdefault(id(vars(module)), name)
+        namespace = instance_dict(module) if isinstance(module, types.ModuleType) else None
+        if namespace is not None:
+            modules.setdefault(id(namespace), name)
     for referrer in gc.get_referrers(container):
         if isinstance(referrer, dict):
             keys = [key for key, value in referrer.items() if value is container and isinstance(key, str)]
@@ -53,8 +56,8 @@ def _holder(container: Any) -> str:
         elif isinstance(referrer, types.FrameType):
             names = [name for name, value in referrer.f_locals.items() if value is container]
             found += [(3, f"{name!r} (local of {referrer.f_code.co_name})") for name in names]
-        elif isinstance(getattr(referrer, "__dict__", None), dict) and not isinstance(referrer, type):
-            names = [key for key, value in referrer.__dict__.items() if value is container]
+        elif (attributes := instance_dict(referrer)) is not None and not isinstance(referrer, type):
+            names = [key for key, value in attributes.items() if value is container]
             found += [(2, f"{name!r} (attribute of {type(referrer).__name__})") for name in names]
     return min(found)[1] if found else ""
 

@@ -214,6 +214,28 @@ class _Span:
     started: float
 
 
+# ``_SpanLoader.exec_module`` is a frame between an import statement and the module's code. A
+# module that warns as it is imported (``warnings.warn(..., stacklevel=2)``) names its importer:
+# the warnings machinery counts frames up from the module, skipping the import system's own
+# (``warnings._is_internal_frame``: a file name holding both ``importlib`` and ``_bootstrap``).
+# Compiled under such a name, this frame is skipped as theirs are, so the warning points at the
+# importing line and ``-W``/``filterwarnings`` entries naming a module match as without tfmem.
+_IMPORT_SYSTEM_FILE = "<pytest_tfmem's first-import span, seen as importlib._bootstrap>"
+_EXEC_MODULE = """
+def _exec_module_as_the_import_system(self, module):
+    self._give_loader_back(module)
+    raised = True
+    try:
+        self._loader.exec_module(module)
+        raised = False
+    finally:
+        self._close(raised)
+"""
+_namespace: dict[str, Any] = {}
+exec(compile(_EXEC_MODULE, _IMPORT_SYSTEM_FILE, "exec"), _namespace)
+_exec_module_as_the_import_system = _namespace["_exec_module_as_the_import_system"]
+
+
 class _SpanLoader:
     """The module's own loader, seen through: the span opens in ``create_module`` and closes when
     ``exec_module`` returns or raises. The module and its spec get the own loader back before the
@@ -236,18 +258,14 @@ class _SpanLoader:
             self._close(raised=True)
             raise
 
-    def exec_module(self, module: ModuleType) -> None:
-        spec = getattr(module, "__spec__", None)
+    def _give_loader_back(self, module: ModuleType) -> None:
+        spec = vars(module).get("__spec__")
         if spec is not None and spec.loader is self:
             spec.loader = self._loader
-        if getattr(module, "__loader__", None) is self:
+        if vars(module).get("__loader__") is self:
             module.__loader__ = self._loader
-        raised = True
-        try:
-            self._loader.exec_module(module)
-            raised = False
-        finally:
-            self._close(raised)
+
+    exec_module = _exec_module_as_the_import_system
 
     def _close(self, raised: bool) -> None:
         span, self._span = self._span, None

@@ -6,8 +6,11 @@ behind; nothing here imports TensorFlow or Keras (their state is read once user 
 from __future__ import annotations
 
 import collections
+import inspect
 import re
 import sys
+import types
+from typing import Any
 
 from pytest_tfmem.probes import tf as tf_probe
 
@@ -23,6 +26,53 @@ def type_name(kind: type) -> str:
     name = _TYPE_QUALNAME.__get__(kind, type)
     module = module if isinstance(module, str) else "?"
     return f"{module}.{name if isinstance(name, str) else kind.__name__}"
+
+
+def module_global(module_name: str, attribute: str) -> Any:
+    """A global of an imported module, read from its namespace: ``None`` where the module is not
+    imported or has no such global. Never imports, and never calls a module's ``__getattr__``
+    (a lazy module would import what it stands for)."""
+    module = sys.modules.get(module_name)
+    namespace = instance_dict(module) if isinstance(module, types.ModuleType) else None
+    return namespace.get(attribute) if namespace is not None else None
+
+
+def instance_dict(value: object) -> dict[str, Any] | None:
+    """``value.__dict__`` as ``object`` reads it (no ``__getattr__``, no ``__getattribute__`` of
+    the value's class), ``None`` for an object without one."""
+    try:
+        found = object.__getattribute__(value, "__dict__")
+    except Exception:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+# Array types whose ``nbytes`` is their buffer's size, by the top-level module of the type: their
+# own code (a C getter, or a property of the framework's), safe to call. Nothing is imported.
+ARRAY_MODULES = ("numpy", "jax", "jaxlib", "torch", "tensorflow", "cupy")
+
+
+def size_of(value: object) -> int:
+    """Bytes an object holds: a known array type's buffer (``nbytes``), else its own size as the
+    interpreter's ``object.__sizeof__`` or a builtin type's own ``__sizeof__`` gives it. Attributes
+    are looked up on the type, statically: a user object's ``__getattr__``, properties and
+    ``__sizeof__`` never run, a lazy module imports nothing, ``pytest.mark`` makes no mark."""
+    kind = type(value)
+    if type_name(kind).split(".", 1)[0] in ARRAY_MODULES:
+        descriptor = inspect.getattr_static(kind, "nbytes", None)
+        try:  # the type's own getter, as found on the type
+            nbytes = descriptor.__get__(value, kind) if hasattr(descriptor, "__get__") else descriptor
+        except Exception:
+            nbytes = None
+        if isinstance(nbytes, int):
+            return nbytes
+    sizeof = inspect.getattr_static(kind, "__sizeof__", None)
+    try:
+        if isinstance(sizeof, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            return int(sizeof(value))  # a builtin type's own (a list's, a dict's, a bytearray's)
+        return int(object.__sizeof__(value))
+    except Exception:
+        return 0
 
 
 def own_types() -> list[type]:
@@ -67,7 +117,7 @@ def keras_name_counters() -> dict[str, int]:
         uids = keras3_state.get_global_attribute("object_name_uids") or {}
         counters.update({f"{prefix} (keras)": count for prefix, count in uids.items()})
     for module_name in ("tf_keras.src.backend", "keras.src.backend"):  # Keras 2: one counter per graph
-        per_graph = getattr(sys.modules.get(module_name), "PER_GRAPH_OBJECT_NAME_UIDS", None)
+        per_graph = module_global(module_name, "PER_GRAPH_OBJECT_NAME_UIDS")
         if per_graph is None:
             continue
         keras_name = module_name.split(".")[0]

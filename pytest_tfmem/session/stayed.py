@@ -16,6 +16,7 @@ import collections
 import os
 import sys
 import sysconfig
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +25,11 @@ from pytest_tfmem.probes.holders import CONTAINER_TYPES
 from pytest_tfmem.probes.objects import (
     OWN_PACKAGE,
     function_library_names,
+    instance_dict,
     keras_name_counters,
     own_types,
     short_labels,
+    size_of,
     type_name,
 )
 from pytest_tfmem.units import format_size
@@ -47,20 +50,6 @@ class Snapshot:
     keras_names: dict[str, int] = field(default_factory=dict)
 
 
-def size_of(value: Any) -> int:
-    """Bytes an object holds: an array's buffer (``nbytes``), else its own size."""
-    try:  # a lazy module (Keras's for optional packages) imports on any attribute lookup
-        nbytes = getattr(value, "nbytes", None)
-    except Exception:
-        nbytes = None
-    if isinstance(nbytes, int):
-        return nbytes
-    try:
-        return sys.getsizeof(value)
-    except Exception:
-        return 0
-
-
 class Watcher:
     """Takes snapshots and says what stayed; remembers which modules are the user's."""
 
@@ -79,7 +68,8 @@ class Watcher:
     def _is_users(self, name: str, module: Any) -> bool:
         known = self._users.get(name)
         if known is None:
-            file = getattr(module, "__file__", None) if hasattr(module, "__dict__") else None
+            namespace = instance_dict(module) if isinstance(module, types.ModuleType) else None
+            file = namespace.get("__file__") if namespace is not None else None
             known = False
             if isinstance(file, str) and name != OWN_PACKAGE and not name.startswith(OWN_PACKAGE + "."):
                 known = not file.startswith(self._library_paths)
@@ -90,8 +80,8 @@ class Watcher:
         if len(sys.modules) != self._modules_seen:
             self._modules_seen = len(sys.modules)
             self._watched = [  # each module is classified once: a later scan is dictionary lookups
-                (name, vars(module)) for name, module in list(sys.modules.items())
-                if self._is_users(name, module)
+                (name, namespace) for name, module in list(sys.modules.items())
+                if self._is_users(name, module) and (namespace := instance_dict(module)) is not None
             ]
         return self._watched
 
