@@ -360,3 +360,44 @@ def test_the_tfmem_command_starts_without_pytest():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False", "True"], done.stdout + done.stderr
+
+
+def test_agent_lines_cut_short_or_garbled_leave_the_summary_with_what_is_whole(tmp_path: Path):
+    """The exit line has no RSS (a script that exits right after TensorFlow starts has no other
+    line with TF: the summary once raised KeyError 'rss' there); a line may be cut or garbled."""
+    from pytest_tfmem.run.summary import AgentView
+
+    lines = [
+        {"event": "agent", "pid": 42, "time": 1.0},
+        {"event": "reading", "rss": 10, "stack": [], "tf": {"CPU:0": "garbled"}, "time": 2.0},
+        {"event": "reading", "rss": 11, "stack": []},  # no time
+        {"event": "exit", "time": 3.0, "high_water_mark": 300 * MiB, "tf": {"CPU:0": [0, 200 * MiB]}},
+    ]
+    path = tmp_path / "agent.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"event": "reading", "rss": 1')
+    agent = AgentView.read(path)
+    assert [reading.get("rss") for reading in agent.readings] == [None]  # the exit line alone
+    assert agent.rss_when_tf_started() is None and agent.tf_peaks() == {"CPU:0": 200 * MiB}
+    assert agent.high_water_mark == 300 * MiB and agent.exited
+
+
+STRESS = """
+import os, signal, sys
+import tensorflow as tf
+held = [tf.ones((50 * 2**20 // 4,)) for _ in range(4)]  # 200 MiB of tensors
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_tfmem_run_never_loses_the_scripts_exit_code(tmp_path: Path):
+    """Many runs of a script that holds 200 MiB of tensors and exits at once: its exit code, a
+    death, a budget passed; each ends with its summary and its code, never a traceback."""
+    (tmp_path / "tensors.py").write_text(STRESS)
+    cases = [((), "3", 3), (("--budget", "100MB"), "0", 1), ((), "kill", 137)] * 4
+    for options, argument, code in cases:
+        done = tfmem_run(tmp_path, *options, "tensors.py", argument)
+        assert done.returncode == code, done.stderr
+        assert "Traceback" not in done.stderr and "tfmem run: tensors.py" in done.stderr

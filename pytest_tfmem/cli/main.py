@@ -270,7 +270,7 @@ def run_run(args: argparse.Namespace) -> int:
         except ImportError:
             raise CliError("tfmem run --plot needs matplotlib: pip install matplotlib") from None
     try:
-        return run(target, options).exit_code
+        return run(target, options)
     except OSError as error:
         raise CliError(f"cannot write {error.filename!r}: {error.strerror or error}") from None
 

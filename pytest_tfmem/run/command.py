@@ -223,8 +223,9 @@ def _open_gpu(options: RunOptions, pid: int) -> tuple[nvml_probe.Nvml | None, nv
     return session, nvml_probe.NvmlSampler(nvml_probe.process_sources(session), NVML_INTERVAL_S).start()
 
 
-def run(target: Target, options: RunOptions) -> summary.RunSummary:
-    """Run ``target`` to its end under the watchdog; print and write what was seen."""
+def run(target: Target, options: RunOptions) -> int:
+    """Run ``target`` to its end under the watchdog; print and write what was seen; the exit code
+    (the script's, or ``EXIT_OVER_BUDGET`` for a script that passed over its budget)."""
     with tempfile.TemporaryDirectory(prefix="tfmem-run-") as directory:
         readings = Path(directory) / "agent.jsonl"
         journal = RunJournal(options.results or Path.cwd() / DEFAULT_PATH, target)
@@ -247,8 +248,15 @@ def run(target: Target, options: RunOptions) -> summary.RunSummary:
             gpu_peaks = {source.name: source.peak() for source in gpu_sampler.sources}
             gpu.close()
         agent = summary.AgentView.read(readings)
-        outcome = summarise(target, options, result, process.pid, passed, limit, agent, gpu_peaks, started)
-    print("\n".join(outcome.lines()), file=sys.stderr)
+        try:
+            outcome = summarise(target, options, result, process.pid, passed, limit, agent, gpu_peaks, started)
+            lines = outcome.lines()
+        except Exception as error:  # the figures were cut short in a way not foreseen: the exit code stands
+            code = summary.shell_exit_code(result.returncode)
+            print(f"tfmem run: {' '.join(target.label)}: exit code {code}; no summary: the readings could not be read "
+                  f"({error!r})", file=sys.stderr)
+            return code
+    print("\n".join(lines), file=sys.stderr)
     if journaling:
         journal.finish(outcome)
     if options.report is not None:
@@ -257,7 +265,7 @@ def run(target: Target, options: RunOptions) -> summary.RunSummary:
         from pytest_tfmem.run.plot import plot_run
 
         plot_run(outcome, options.plot)
-    return outcome
+    return outcome.exit_code
 
 
 def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int, passed: list[signal.Signals],

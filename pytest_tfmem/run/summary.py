@@ -81,6 +81,8 @@ class AgentView:
                 entry = json.loads(line)
             except ValueError:
                 continue
+            if not isinstance(entry, dict) or not _well_formed(entry):
+                continue  # a line cut short or garbled: the summary makes do without it
             if entry.get("event") == "agent":
                 pid = entry.get("pid")
             elif entry.get("event") == "reading":
@@ -119,9 +121,10 @@ class AgentView:
 
     def rss_when_tf_started(self) -> int | None:
         """The script's RSS outside TensorFlow's CPU allocator when the agent first saw TF's
-        runtime started: what the imports and anything before them took."""
+        runtime started: what the imports and anything before them took (``None`` if no reading
+        with both was made: the exit line has no RSS)."""
         for reading in self.readings:
-            if reading.get("tf"):
+            if reading.get("tf") and isinstance(reading.get("rss"), int):
                 in_use = sum(int(c) for device, (c, _) in reading["tf"].items() if device.startswith("CPU"))
                 return int(reading["rss"]) - in_use
         return None
@@ -130,6 +133,18 @@ class AgentView:
         """``(seconds since start, {device: bytes in use})`` at each reading."""
         return [(reading["time"] - start, {d: int(c) for d, (c, _) in reading["tf"].items()})
                 for reading in self.readings if reading.get("tf")]
+
+
+def _well_formed(entry: dict[str, Any]) -> bool:
+    """An agent line whose fields the summary reads have the types it reads them as (each may be
+    missing, except a reading's time)."""
+    tf = entry.get("tf", {})
+    devices_ok = isinstance(tf, dict) and all(
+        isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(n, int) for n in value)
+        for value in tf.values()
+    )
+    timed = isinstance(entry.get("time"), (int, float)) or entry.get("event") not in ("reading", "exit")
+    return devices_ok and timed and isinstance(entry.get("stack", []), list)
 
 
 @dataclass(frozen=True)
