@@ -125,7 +125,7 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
     written = output.read_text()
     assert written.startswith("# What measuring every test costs\n\nWritten by `python benchmarks/suite_overhead.py --repeat 1")
     for suite, tests in (("keras", "2"), ("keras-steps", "2"), ("keras-steps-pooled", "2"), ("trivial-tf", "25"),
-                         ("drift", "25")):
+                         ("drift", "25"), ("processes", "2")):
         cells = table_row(written, suite)  # suite, tests, CPU without, CPU with, ratio, extra per test, GC x2
         assert len(cells) == 8 and cells[1] == tests and cells[4].startswith("x"), cells
         assert cells[2].endswith(" s") and cells[3].endswith(" s") and cells[5].endswith(" ms"), cells

@@ -196,7 +196,7 @@ class ChildWatch:
         """End ``window``; what it started, or ``None`` if it started nothing."""
         with self._lock:
             if _has_children() or self._tree.descendants:
-                self._tick(refresh=True)
+                self._tick()
             self._windows.remove(window)
             reading = self._reading(window)
             if not self._windows:
@@ -211,7 +211,7 @@ class ChildWatch:
         with self._lock:
             if not (_has_children() or self._tree.descendants):
                 return []
-            self._tick(refresh=True)
+            self._tick()
             alive = {process.pid for process in self._tree.descendants} - self.helpers
             return [mark for pid, mark in self._tree.processes.items() if pid in alive]
 
@@ -238,9 +238,9 @@ class ChildWatch:
         self._last_pid, self._refreshed = _last_pid(), time.monotonic()
         self._tree.refresh()
 
-    def _tick(self, refresh: bool = False) -> None:
+    def _tick(self) -> None:
         """Read every descendant; refresh their list first if a process was started anywhere."""
-        if refresh or _last_pid() != self._last_pid or time.monotonic() - self._refreshed >= _REFRESH_S:
+        if _last_pid() != self._last_pid or time.monotonic() - self._refreshed >= _REFRESH_S:
             self._refresh()
         try:
             self._tree.read()

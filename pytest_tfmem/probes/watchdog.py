@@ -28,6 +28,8 @@ from pytest_tfmem.probes.sampler import Sampler
 
 # How often the list of descendants is refreshed; their memory is read at every sample.
 _TREE_REFRESH_S = 0.5
+# How long a fork copy is watched for ``exec`` (a fork that runs another program does so at once).
+_EXEC_WINDOW_S = 1.0
 
 SIGNAL_CAUSES = {
     signal.SIGKILL: "likely the kernel's OOM killer (out of memory); SIGKILL cannot be caught",
@@ -219,7 +221,8 @@ class ProcessTreeRss:
     def _note(self, pid: int, memory: tuple[int, int], now: float, readings: dict[int, tuple[int, int]]) -> None:
         """Update ``pid``'s ``ProcessMark`` with a reading of (RSS, high-water mark)."""
         known = self.processes.get(pid)
-        if known is not None and known.fork_copy and _ran_exec(known.command, self._command(pid, again=True)):
+        young = known is not None and now - known.first_seen < _EXEC_WINDOW_S
+        if known is not None and known.fork_copy and young and _ran_exec(known.command, self._command(pid, again=True)):
             known = None  # the fork copy has run ``exec`` since: a new program, with a mark of its own
         if known is None:
             parent = self._parents.get(pid, self.pid)
