@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import xml.etree.ElementTree as ET
 
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
 
 from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
+
+# The suite's outcomes must not depend on the machine it runs on: the frameworks' settings in the
+# environment (``KERAS_BACKEND=jax`` would move Keras off TensorFlow, ``TF_FORCE_GPU_ALLOW_GROWTH``,
+# ``XLA_FLAGS``...) are dropped, and Keras reads its config (``keras.json``, which can name a
+# backend too) from a directory of the suite's own, not the user's ``~/.keras``. pytester's runs
+# get a ``HOME`` of their own from pytester.
+for _name in [name for name in os.environ if name.startswith(("TF_", "KERAS_", "XLA_", "JAX_"))]:
+    del os.environ[_name]
+os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="tfmem-tests-keras-home-")
 
 # TensorFlow keeps CPU allocator statistics (the ``tf:CPU:0`` view) only with oneDNN on, its
 # default on some x86 CPUs and not on others (AMD EPYC): on, the tests see the same TensorFlow

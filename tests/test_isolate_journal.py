@@ -115,4 +115,24 @@ def test_no_journal_in_a_session_where_tfmem_is_not_used(pytester: pytest.Pytest
     assert not (pytester.path / ".tfmem").exists()
     last = _tfmem_last(pytester.path)
     assert last.returncode == 2
-    assert "no .tfmem/results.jsonl here or in a parent directory" in last.stderr
+    assert "no .tfmem/results.jsonl here or in a parent directory up to the project's root" in last.stderr
+
+
+def test_tfmem_last_looks_no_further_up_than_the_projects_root(pytester: pytest.Pytester):
+    """An unrelated ``.tfmem/`` above the project (an earlier ``tfmem run`` in a temporary
+    directory, say) is not this project's journal; one at the project's root is found from below."""
+    stray = pytester.path.parent / ".tfmem"
+    stray.mkdir(exist_ok=True)
+    try:
+        (stray / "results.jsonl").write_text('{"event": "session"}\n')
+        below = pytester.mkdir("sub")
+        assert _tfmem_last(below).returncode == 2  # no root marker: only where it runs
+        pytester.makeini("[pytest]\n")
+        assert _tfmem_last(below).returncode == 2  # the project's root is pytester.path
+        pytester.makepyfile("def test_a(): pass\n")
+        pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB").assert_outcomes(passed=1)
+        found = _tfmem_last(below)
+        assert found.returncode == 0 and "finished: 1 test(s): 1 passed" in found.stdout
+    finally:
+        (stray / "results.jsonl").unlink()
+        stray.rmdir()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 
 import pytest
 
@@ -151,3 +152,13 @@ def test_module_globals_are_read_without_a_modules_getattr():
         assert module_global("tfmem_not_imported", "anything") is None
     finally:
         del sys.modules["tfmem_lazy_probe"]
+
+
+def test_the_suite_runs_with_no_framework_settings_of_the_machines():
+    """tests/conftest.py: the environment's TensorFlow, Keras, XLA and JAX settings are dropped and
+    Keras's config directory is the suite's own, so they change no outcome."""
+    import os
+
+    assert not [name for name in os.environ if name.startswith(("KERAS_BACKEND", "XLA_", "JAX_", "TF_FORCE"))]
+    assert os.environ["KERAS_HOME"].startswith(tempfile.gettempdir())
+    assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1"  # the one the suite sets itself

@@ -239,11 +239,14 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def run_last(args: argparse.Namespace) -> int:
-    from pytest_tfmem.journal.reader import describe_last, find_results
+    from pytest_tfmem.journal.reader import describe_last, find_results, project_root
 
     path = Path(args.results) if args.results else find_results()
     if path is None:
-        raise CliError("no .tfmem/results.jsonl here or in a parent directory; give the journal's path")
+        raise CliError(
+            f"no .tfmem/results.jsonl here or in a parent directory up to the project's root "
+            f"({project_root(Path.cwd().resolve())}); give the journal's path"
+        )
     text, code = describe_last(path, show_all=args.all)
     print(text, file=sys.stdout if code != EXIT_BAD_INPUT else sys.stderr)
     return code
@@ -394,7 +397,9 @@ COMMANDS = [
                 "results",
                 nargs="?",
                 metavar="RESULTS",
-                help="the journal (default: .tfmem/results.jsonl here or in the nearest parent directory)",
+                help="the journal (default: .tfmem/results.jsonl here or in the nearest parent directory, up to "
+                "the project's root: the nearest holding pytest.ini, pyproject.toml, tox.ini, setup.cfg, setup.py "
+                "or .git)",
             ),
             argument("--all", action="store_true", help="list every finished test, not only the last 20"),
         ),

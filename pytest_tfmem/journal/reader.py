@@ -21,12 +21,31 @@ EXIT_DID_NOT_FINISH = 1
 EXIT_NO_RESULTS = 2
 
 
+# What marks a project's root, as pytest finds its rootdir: its ini files, a setup script, the
+# repository itself.
+ROOT_MARKERS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "setup.py", ".git")
+
+
+def project_root(start: Path) -> Path:
+    """The nearest of ``start`` and its parents that holds one of ``ROOT_MARKERS``; ``start``
+    itself where none does (pytest's rootdir is then the directory it runs in)."""
+    for candidate in (start, *start.parents):
+        if any((candidate / marker).exists() for marker in ROOT_MARKERS):
+            return candidate
+    return start
+
+
 def find_results(start: Path | None = None) -> Path | None:
-    """The default journal (``.tfmem/results.jsonl``) in ``start`` or its nearest parent."""
+    """The default journal (``.tfmem/results.jsonl``) in ``start`` or a parent up to the project's
+    root (``project_root``), never past it: an unrelated ``.tfmem/`` further up is not this
+    project's."""
     directory = (start or Path.cwd()).resolve()
+    root = project_root(directory)
     for candidate in (directory, *directory.parents):
         if (candidate / DEFAULT_PATH).is_file():
             return candidate / DEFAULT_PATH
+        if candidate == root:
+            break
     return None
 
 
