@@ -157,8 +157,9 @@ def test_overlapping_children_are_an_upper_bound_with_the_sampled_sum_below(in_p
 def test_fork_copies_count_what_they_grew_not_what_they_share(in_process: dict):
     for figure in _children(in_process["tests"]["test_fork_pool"]).processes:
         assert figure.command.startswith("fork of ")
-        # each told its size at the fork (children.ForkSizes): what it grew is read to the page
-        assert HOLD * MiB <= figure.peak <= (HOLD + 2) * MiB
+        # each told its size at the fork (children.ForkSizes): what it grew is read to the page,
+        # with the pages of its parent's libraries it touches again (0.3 MiB usually, 4 MiB seen)
+        assert HOLD * MiB <= figure.peak <= (HOLD + 8) * MiB
 
 
 def test_a_child_killed_by_a_signal_is_named_though_the_test_passes(in_process: dict):

@@ -120,7 +120,12 @@ def test_after():
 """
 
 
-def test_what_stayed_touches_no_user_object_imports_nothing_and_warns_nothing(pytester: pytest.Pytester):
+def test_what_stayed_touches_no_user_object_imports_nothing_and_warns_nothing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    # Under pytest-xdist the inner run would inherit the worker's id, and pytest-benchmark would
+    # warn that it turns itself off: under -W error, an error that is not the diagnosis's.
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makepyfile(heavy="import traceback\nwith open('heavy-was-imported', 'w') as out:\n    traceback.print_stack(file=out)\n")
     pytester.makepyfile(test_keeps=KEEPS)
     pytester.syspathinsert()

@@ -12,7 +12,7 @@ import dataclasses
 import gc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_tfmem.probes import children as children_probe, host, tf as tf_probe
@@ -229,9 +229,18 @@ class Measurement:
         return "exact" if self.exact else "sampled host"
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["peak"] = self.peak
-        data["basis"] = self.basis
+        """Its fields as JSON values, with ``peak`` and ``basis``. Built field by field rather than
+        with ``dataclasses.asdict``, whose deep copy took a third of the time every test's record
+        costs to publish."""
+        data = dict(vars(self))
+        data.update(
+            views=[dict(vars(view)) for view in self.views],
+            notes=list(self.notes),
+            first_imports=[booking.to_dict() for booking in self.first_imports],
+            children=self.children.to_dict() if self.children is not None else None,
+            peak=self.peak,
+            basis=self.basis,
+        )
         return data
 
     @classmethod

@@ -176,8 +176,17 @@ class Retained:
         return self.host_bytes + self.tf_bytes
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.update(bytes=self.bytes, host_bytes=self.host_bytes, tf_bytes=self.tf_bytes)
+        """Its fields as JSON values (field by field: see ``Measurement.to_dict``), with the figures."""
+        data = dict(vars(self))
+        data.update(
+            before=dict(vars(self.before)),
+            after=dict(vars(self.after)),
+            bookings=[dict(vars(booking)) for booking in self.bookings],
+            stayed=list(self.stayed),
+            bytes=self.bytes,
+            host_bytes=self.host_bytes,
+            tf_bytes=self.tf_bytes,
+        )
         return data
 
     @classmethod

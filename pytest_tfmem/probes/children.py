@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_tfmem.probes import host, system
@@ -79,7 +79,9 @@ class ChildrenReading:
         return sorted(self.processes, key=lambda figure: figure.peak, reverse=True)[:count]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = dict(vars(self))
+        data["processes"] = [dict(vars(figure)) for figure in self.processes]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChildrenReading:
@@ -212,7 +214,7 @@ class ChildWatch:
             if not (_has_children() or self._tree.descendants):
                 return []
             self._tick()
-            alive = {process.pid for process in self._tree.descendants} - self.helpers
+            alive = self._tree.running - self.helpers
             return [mark for pid, mark in self._tree.processes.items() if pid in alive]
 
     # -- readings
@@ -246,7 +248,7 @@ class ChildWatch:
             self._tree.read()
         except Exception:  # this process is the root: never gone; a /proc oddity is skipped
             return
-        alive = {process.pid for process in self._tree.descendants}
+        alive = self._tree.running
         for window in self._windows:
             own = [
                 mark for pid, mark in self._tree.processes.items()
@@ -262,7 +264,7 @@ class ChildWatch:
         if not pids:
             return None
         oom = system.oom_kills_since(window.oom_before) if window.oom_read else None
-        alive = {process.pid for process in self._tree.descendants}
+        alive = self._tree.running
         figures = [self._figure(pid, pid in alive, oom) for pid in sorted(pids)]
         combined, basis = _combined(figures, [self._tree.processes.get(pid) for pid in sorted(pids)])
         return ChildrenReading(tuple(figures), combined, basis, window.sampled_sum)

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any, Protocol
@@ -49,7 +49,7 @@ class FirstImport:
     raised: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(vars(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FirstImport:

@@ -175,6 +175,7 @@ class ProcessTreeRss:
         self._refreshed = float("-inf")
         # Every descendant read since ``forget`` (the ended ones too), by pid.
         self.processes: dict[int, ProcessMark] = {}
+        self.running: set[int] = set()  # the descendants the last ``read`` found running
         self._commands: dict[int, str] = {}  # pid -> its command line as last read
 
     def refresh(self) -> None:
@@ -213,6 +214,7 @@ class ProcessTreeRss:
         for pid, memory in readings.items():
             if pid != self.pid and pid not in self.leave_out:
                 self._note(pid, memory, now, readings)
+        self.running = {pid for pid in readings if pid != self.pid}
         counted = {pid: memory for pid, memory in readings.items() if pid not in self.leave_out}
         inherited = {pid: mark.inherited for pid, mark in self.processes.items() if pid in counted}
         self._marks = {pid: max(0, memory[1] - inherited.get(pid, 0)) for pid, memory in counted.items()}
@@ -243,9 +245,8 @@ class ProcessTreeRss:
         return self._commands[pid]
 
     def forget(self) -> None:
-        """Drop the ``ProcessMark`` of every process that has ended (as of the last refresh)."""
-        running = {process.pid for process in self.descendants}
-        self.processes = {pid: mark for pid, mark in self.processes.items() if pid in running}
+        """Drop the ``ProcessMark`` of every process that has ended (as of the last ``read``)."""
+        self.processes = {pid: mark for pid, mark in self.processes.items() if pid in self.running}
         self._commands = {pid: command for pid, command in self._commands.items() if pid in self._parents}
 
     def high_water_marks(self) -> dict[int, int]:
