@@ -21,7 +21,7 @@ Pure values and arithmetic; ``current_level`` is the one reader.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,10 +74,15 @@ def _tf_cpu_allocator() -> TFAllocator | None:
     return next((s for s in sources if isinstance(s, TFAllocator) and s.device == "CPU:0"), None)
 
 
-def children_size() -> int:
-    """What the running descendants hold above what they inherited (0, at the cost of one system
-    call, when there are none)."""
-    return sum(max(0, mark.rss - mark.inherited) for mark in children.watch().running())
+def children_size(leave_out: Collection[int] = ()) -> int:
+    """What the running descendants (less those in ``leave_out``) hold above what they inherited
+    (0, at the cost of one system call, when there are none)."""
+    return sum(max(0, mark.rss - mark.inherited) for mark in children.watch().running() if mark.pid not in leave_out)
+
+
+def running_children() -> frozenset[int]:
+    """The running descendants' pids (tfmem's own left out)."""
+    return frozenset(mark.pid for mark in children.watch().running())
 
 
 def current_level() -> Level:

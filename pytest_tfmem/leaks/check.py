@@ -17,13 +17,13 @@ import functools
 import gc
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, ParamSpec
 
 from pytest_tfmem.core import measure
-from pytest_tfmem.core.retained import children_size
+from pytest_tfmem.core.retained import children_size, running_children
 from pytest_tfmem.core.verdict import Verdict, view_label
 from pytest_tfmem.errors import LeakDetected
 from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
@@ -169,12 +169,13 @@ def leak_check(
     with _objects_alive_now_exempt_from_gc(tracker.record_containers):
         tracker.observe()
         host.release_freed_memory()
-        series = {view: [level] for view, level in current_levels(trackers).items()}
+        already = running_children()  # processes running before the loop (a wider fixture's) are not its
+        series = {view: [level] for view, level in current_levels(trackers, already).items()}
         tracker.ignore(series, *series.values())
         for _ in range(iterations):
             fn()
             host.release_freed_memory()
-            for view, level in current_levels(trackers).items():
+            for view, level in current_levels(trackers, already).items():
                 series.setdefault(view, []).append(level)  # a view that appears late has no baseline
             tracker.observe()
 
@@ -225,14 +226,14 @@ def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iter
         _running_checks -= 1
 
 
-def current_levels(trackers: Sequence[measure.PeakTracker] = ()) -> dict[str, int]:
+def current_levels(trackers: Sequence[measure.PeakTracker] = (), leave_out: Collection[int] = ()) -> dict[str, int]:
     """Level of every memory view now (host RSS, each TF allocator, ``trackers``'s, and the
-    running processes this one started, ``children``).
+    running processes this one started, ``children``, less those in ``leave_out``).
 
     Only current levels are read: no peak is reset, so enclosing windows are undisturbed.
     """
     levels = {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
-    levels[CHILDREN_VIEW] = children_size()
+    levels[CHILDREN_VIEW] = children_size(leave_out)
     return levels
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from pytest_tfmem.core.handoffs import TRACE_SUMMARY
 from pytest_tfmem.core.measure import Measurement
-from pytest_tfmem.core.retained import children_size
+from pytest_tfmem.core.retained import children_size, running_children
 from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.probes.profiler import ProfilerCapture
@@ -41,7 +41,8 @@ def memory_views() -> list[MemoryView]:
     """Host RSS, the running processes this one started (their own sizes, read as the
     test's ``children`` view is), plus each TF allocator that keeps statistics once TF's runtime
     is up."""
-    views = [timeline_module.host_view(), MemoryView(CHILDREN, children_size)]
+    already = running_children()  # running before the test (a wider fixture's pool): not its
+    views = [timeline_module.host_view(), MemoryView(CHILDREN, lambda: children_size(already))]
     tf = tf_probe.loaded_tensorflow()
     if tf is not None and tf_probe.runtime_started():
         views += [MemoryView(source.name, source.current) for source in tf_probe.allocator_sources(tf)]
