@@ -72,35 +72,40 @@ def per_test_times(stats: pstats.Stats, tests: int) -> dict[str, float]:
     return dict(spent)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tests", type=int, default=300, help="trivial tests in the session (default 300)")
-    parser.add_argument("--top", type=int, default=12, help="modules listed (default 12)")
-    parser.add_argument("--output", help="also write the table, with the command and the machine, to this file")
-    args = parser.parse_args(argv)
+def profile_table(tests: int, top: int) -> str:
+    """The Markdown table: one profiled session of ``tests`` trivial tests, the ``top`` modules."""
     with tempfile.TemporaryDirectory(prefix="tfmem-per-test-profile-") as temporary:
         suite, bytecode = Path(temporary) / "suite", Path(temporary) / "bytecode"
         suite.mkdir()
         (suite / "pytest.ini").write_text("[pytest]\n")
-        (suite / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=args.tests))
+        (suite / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=tests))
         environment = session_environment(suite, bytecode)
         command = session_command(with_plugin=True)
         profiled = [command[0], "-m", "cProfile", "-o", str(suite / "profile.out"), *command[1:]]
         for run in (command, profiled):  # the first caches compiled modules
             subprocess.run(run, cwd=suite, env=environment, stdout=subprocess.DEVNULL, check=False)
         stats = pstats.Stats(str(suite / "profile.out"))
-    spent = per_test_times(stats, args.tests)
+    spent = per_test_times(stats, tests)
     total = sum(spent.values())
     lines = [
         "| module | per test (profiled) | share |",
         "|---|---:|---:|",
         *(
-            f"| `{name}` | {seconds / args.tests * 1e6:.0f} us | {seconds / total:.0%} |"
-            for name, seconds in sorted(spent.items(), key=lambda item: -item[1])[: args.top]
+            f"| `{name}` | {seconds / tests * 1e6:.0f} us | {seconds / total:.0%} |"
+            for name, seconds in sorted(spent.items(), key=lambda item: -item[1])[:top]
         ),
-        f"| all of pytest-tfmem | {total / args.tests * 1e6:.0f} us | 100% |",
+        f"| all of pytest-tfmem | {total / tests * 1e6:.0f} us | 100% |",
     ]
-    table = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=int, default=300, help="trivial tests in the session (default 300)")
+    parser.add_argument("--top", type=int, default=12, help="modules listed (default 12)")
+    parser.add_argument("--output", help="also write the table, with the command and the machine, to this file")
+    args = parser.parse_args(argv)
+    table = profile_table(args.tests, args.top)
     print(table)
     if args.output:
         heading = (

@@ -22,6 +22,9 @@ pair per core. The ratios are the medians of each pair's ratio:
 - ``processes``: tests that start processes (no TensorFlow): half run a Python script that holds
   50 MiB and counts to two million, half map four tasks over a fork ``Pool(2)``: what reading the
   processes a test starts costs (their CPU time counts, ``os.wait4`` gathers it);
+- ``session-start``: one trivial test in a TensorFlow module: what the plugin costs a session
+  once (its import, its start, its summary). "Net per test" is a suite's extra per test less
+  this, spread over its tests: what each test costs once the session runs;
 - ``drift``: trivial tests in a TensorFlow module where each test drops the 1 MiB cyclic object
   the test before it made, and makes its own: garbage that only a full collection finds. The
   RSS every 20 tests, from test 20 to the last, shows whether such memory is reclaimed.
@@ -193,7 +196,7 @@ def test_maps_over_a_pool(index):
 
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-SUITES = [*KERAS_KINDS, "trivial-tf", "drift", "processes"]
+SUITES = [*KERAS_KINDS, "trivial-tf", "drift", "processes", "session-start"]
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,8 @@ class Run:
 
 def write_suites(root: Path, keras_tests: int, trivial_tests: int, names: list[str] | None = None) -> dict[str, Path]:
     suites = {"keras": root / "keras", "keras-steps": root / "steps", "keras-steps-pooled": root / "pooled",
-              "trivial-tf": root / "trivial", "drift": root / "drift", "processes": root / "processes"}
+              "trivial-tf": root / "trivial", "drift": root / "drift", "processes": root / "processes",
+              "session-start": root / "start"}
     suites = {name: path for name, path in suites.items() if names is None or name in names}
     for path in suites.values():
         path.mkdir(parents=True)
@@ -220,6 +224,7 @@ def write_suites(root: Path, keras_tests: int, trivial_tests: int, names: list[s
         (suites[suite] / f"test_{kind}.py").write_text(module)
     modules = {
         "trivial-tf": ("test_trivial.py", TRIVIAL_MODULE.format(count=trivial_tests)),
+        "session-start": ("test_trivial.py", TRIVIAL_MODULE.format(count=1)),
         "drift": ("test_drift.py", DRIFT_MODULE.format(count=trivial_tests)),
         "processes": ("test_processes.py", PROCESSES_MODULE.format(scripts=functions, pools=keras_tests - functions)),
     }
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up(Path(temporary), bytecode)
         pairs = run_pairs([name for _ in range(args.repeat) for name in names], suites, bytecode)
     tests = {**dict.fromkeys(KERAS_KINDS, args.keras_tests), "trivial-tf": args.trivial_tests,
-             "drift": args.trivial_tests, "processes": args.keras_tests}
+             "drift": args.trivial_tests, "processes": args.keras_tests, "session-start": 1}
     rows = []
     for name in names:
         runs = pairs[name]
@@ -377,29 +382,42 @@ def main(argv: list[str] | None = None) -> int:
                 for side, plugged in (("without", False), ("with", True))
             }
         rows.append(row)
+    start = next((row for row in rows if row["suite"] == "session-start"), None)
+    for row in rows:  # what each test costs once the session has started: less the one-test session's extra
+        if start is not None and row is not start:
+            row["net_ms"] = row["cpu_s"][3] - start["cpu_s"][3] / row["tests"]
     table = render(rows)
     print(table)
     if args.output:
+        from benchmarks.per_test_profile import profile_table
+
         heading = (
             f"# What measuring every test costs\n\n{machine.written_by('benchmarks/suite_overhead.py', argv)}; "
             "each suite run without and with tfmem at the same time on one core, medians over the pairs (of the times, "
             "of each pair's ratio and of each pair's difference). See the module docstring of "
             "`benchmarks/suite_overhead.py`.\n\n"
         )
-        write_text_atomic(args.output, heading + table + "\n")
+        profile = (
+            f"\n\n## Where a test's time goes\n\nOne session of {args.trivial_tests} trivial tests under `cProfile`, "
+            "by module of pytest-tfmem: its own functions, and the calls they make outside it (`/proc` reads, `gc`, "
+            "`json`). The profiler slows Python code more than system calls: read the shares. See "
+            "`benchmarks/per_test_profile.py`.\n\n" + profile_table(args.trivial_tests, 12)
+        )
+        write_text_atomic(args.output, heading + table + profile + "\n")
     return 0
 
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| suite | tests | CPU without | CPU with | ratio | extra per test | GC without | GC with |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| suite | tests | CPU without | CPU with | ratio | extra per test | net per test | GC without | GC with |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         cpu, collecting = row["cpu_s"], row["gc_s"]
+        net = f"{row['net_ms']:+.1f} ms" if "net_ms" in row else "-"
         lines.append(
             f"| {row['suite']} | {row['tests']} "
-            f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} | {cpu[3]:+.1f} ms "
+            f"| {cpu[0]:.2f} s | {cpu[1]:.2f} s | x{cpu[2]:.3f} | {cpu[3]:+.1f} ms | {net} "
             f"| {collecting[0]:.2f} s | {collecting[1]:.2f} s |"
         )
     lines.append("")

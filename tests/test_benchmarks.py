@@ -125,12 +125,15 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
     written = output.read_text()
     assert written.startswith("# What measuring every test costs\n\nWritten by `python benchmarks/suite_overhead.py --repeat 1")
     for suite, tests in (("keras", "2"), ("keras-steps", "2"), ("keras-steps-pooled", "2"), ("trivial-tf", "25"),
-                         ("drift", "25"), ("processes", "2")):
-        cells = table_row(written, suite)  # suite, tests, CPU without, CPU with, ratio, extra per test, GC x2
-        assert len(cells) == 8 and cells[1] == tests and cells[4].startswith("x"), cells
+                         ("drift", "25"), ("processes", "2"), ("session-start", "1")):
+        cells = table_row(written, suite)  # suite, tests, CPU without, CPU with, ratio, extra and net per test, GC x2
+        assert len(cells) == 9 and cells[1] == tests and cells[4].startswith("x"), cells
         assert cells[2].endswith(" s") and cells[3].endswith(" s") and cells[5].endswith(" ms"), cells
+        assert cells[6] == "-" if suite == "session-start" else cells[6].endswith(" ms"), cells
     assert "Each pair's CPU ratio, lowest to highest: keras x" in written
     assert "RSS of `drift` (each test leaves 1 MiB of cyclic garbage) above its level at test 20" in written
+    profile = written.split("## Where a test's time goes")[1]
+    assert "| `core/measure.py` | " in profile and "| all of pytest-tfmem | " in profile
 
 
 def test_a_page_says_when_its_timings_were_taken_on_a_busy_machine():

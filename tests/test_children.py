@@ -352,3 +352,41 @@ def test_the_trace_timeline_of_a_test_over_budget_draws_its_processes(pytester: 
     result.stdout.fnmatch_lines(["memory timeline: TensorBoard scalars memory/host_rss_mib, memory/children_mib, *"])
     [summary] = pytester.path.glob(".tfmem/traces/*/*/summary.json")
     assert (summary.parent / "timeline.png").stat().st_size > 0
+
+
+PYDATASET = """
+import numpy as np
+import keras
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self):
+        super().__init__(workers=2, use_multiprocessing=True)
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        scratch = np.ones(100 * 2**20 // 8)  # each batch made with 100 MiB of scratch space
+        return np.full((8, 4), scratch[0], "float32"), np.zeros((8, 1), "float32")
+
+def test_fit_on_a_dataset_with_worker_processes():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(Batches(), epochs=1, verbose=0)
+"""
+
+
+def test_keras_pydataset_workers_count_and_show_in_tfmem_show(pytester: pytest.Pytester):
+    pytester.makepyfile(PYDATASET)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--tfmem-budget=4GB", "--tfmem-report=report.json", "--tfmem-trace=off"
+    )
+    result.assert_outcomes(passed=1)
+    [entry] = json.loads((pytester.path / "report.json").read_text())["tests"]
+    children = _children(entry)
+    workers = [figure for figure in children.processes if figure.command.startswith("fork of ")]
+    assert len(workers) == 2 and all(90 * MiB <= figure.peak <= 130 * MiB for figure in workers)
+    shown = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "show", "report.json"], cwd=pytester.path,
+                           capture_output=True, text=True, timeout=60)
+    header = next(line for line in shown.stdout.splitlines() if line.startswith("test "))
+    assert "children" in header.split()

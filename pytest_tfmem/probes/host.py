@@ -100,17 +100,14 @@ def return_freed_heap() -> None:
         _malloc_trim(0)
 
 
-def release_freed_memory(collect: Callable[[], object] = gc.collect) -> int:
+def release_freed_memory(collect: Callable[[], object] = gc.collect) -> None:
     """Collect garbage (with ``collect``) and hand freed heap back to the OS (glibc ``malloc_trim(0)``).
 
     Without this, memory freed by an earlier test stays in glibc's arenas and a later test
     reuses it without raising RSS, so its measured peak depends on test order.
-    Returns the bytes of RSS given back.
     """
-    before = current_rss()
     collect()
     return_freed_heap()
-    return max(0, before - current_rss())
 
 
 def swapped_bytes(status_file: str | None = None) -> int:
