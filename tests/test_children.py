@@ -390,3 +390,27 @@ def test_keras_pydataset_workers_count_and_show_in_tfmem_show(pytester: pytest.P
                            capture_output=True, text=True, timeout=60)
     header = next(line for line in shown.stdout.splitlines() if line.startswith("test "))
     assert "children" in header.split()
+
+
+MIXED_SESSION = """
+import pytest
+
+@pytest.mark.tfmem(isolate=True)
+def test_isolated():
+    pass
+
+def test_in_process_after_it():
+    pass
+"""
+
+
+@pytest.mark.parametrize("xdist", [pytest.param([], id="one process"), pytest.param(["-n", "1"], id="xdist")])
+def test_tfmems_own_processes_and_xdist_workers_are_nobodys_children(pytester: pytest.Pytester, xdist: list[str]):
+    """The isolation template (a child of the session's process) and pytest-xdist's workers (the
+    controller's) run beside the tests; no test's figure counts them."""
+    pytester.makepyfile(MIXED_SESSION)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", "--tfmem-report=report.json",
+                                           *xdist)
+    result.assert_outcomes(passed=2)
+    tests = json.loads((pytester.path / "report.json").read_text())["tests"]
+    assert [entry["measurement"]["children"] for entry in tests] == [None, None]
