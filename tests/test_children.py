@@ -20,6 +20,7 @@ from pytest_tfmem.probes.children import ChildFigure, ChildrenReading, _combined
 from pytest_tfmem.probes.watchdog import ProcessMark
 
 MiB = 2**20
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 HOLD = 150  # MiB each child holds
 
@@ -248,9 +249,9 @@ def test_a_child_the_oom_killer_took_is_named_with_the_cgroups_count(pytester: p
     assert "last read at " in line
 
 
-LEFT_RUNNING = """
-import multiprocessing, time
-import pytest
+# A pool's worker that keeps what it made after its task: POOLS keeps the pools, BLOCK the memory.
+KEEPING_WORKERS = """
+import multiprocessing
 
 POOLS = []
 
@@ -259,6 +260,10 @@ def hold(mib):
     BLOCK = bytearray(mib * 2**20)
     for i in range(0, len(BLOCK), 4096):
         BLOCK[i] = 1
+"""
+
+LEFT_RUNNING = KEEPING_WORKERS + """
+import pytest
 
 @pytest.fixture(scope="module")
 def server():
@@ -303,21 +308,12 @@ def test_a_process_left_running_counts_in_the_retained_figure_and_a_fixtures_in_
     assert setup["name"].startswith("server") and 55 * MiB <= setup["bytes"] <= 70 * MiB
 
 
-LEAKING_POOLS = """
-import multiprocessing
+LEAKING_POOLS = KEEPING_WORKERS + """
 import pytest_tfmem
-
-POOLS = []
-
-def grow(mib):
-    global BLOCK
-    BLOCK = bytearray(mib * 2**20)
-    for i in range(0, len(BLOCK), 4096):
-        BLOCK[i] = 1
 
 def start_a_pool_and_keep_it():
     POOLS.append(multiprocessing.get_context("fork").Pool(1))
-    POOLS[-1].apply(grow, (20,))
+    POOLS[-1].apply(hold, (20,))
 
 def test_a_pool_per_iteration_leaks():
     pytest_tfmem.assert_no_leak(start_a_pool_and_keep_it, iterations=5, warmup=1, max_growth="4MB")
@@ -354,38 +350,19 @@ def test_the_trace_timeline_of_a_test_over_budget_draws_its_processes(pytester: 
     assert (summary.parent / "timeline.png").stat().st_size > 0
 
 
-PYDATASET = """
-import numpy as np
-import keras
-
-class Batches(keras.utils.PyDataset):
-    def __init__(self):
-        super().__init__(workers=2, use_multiprocessing=True)
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, index):
-        scratch = np.ones(100 * 2**20 // 8)  # each batch made with 100 MiB of scratch space
-        return np.full((8, 4), scratch[0], "float32"), np.zeros((8, 1), "float32")
-
-def test_fit_on_a_dataset_with_worker_processes():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    model.fit(Batches(), epochs=1, verbose=0)
-"""
-
-
 def test_keras_pydataset_workers_count_and_show_in_tfmem_show(pytester: pytest.Pytester):
-    pytester.makepyfile(PYDATASET)
+    """The docs' workload (docs/measurement.md): a ``PyDataset`` whose two workers make each batch
+    with 150 MiB of scratch space."""
+    pytester.makepyfile(test_processes=(REPOSITORY / "benchmarks" / "workloads" / "processes.py").read_text())
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--tfmem-budget=4GB", "--tfmem-report=report.json", "--tfmem-trace=off"
+        "-p", "no:cacheprovider", "--tfmem-budget=4GB", "--tfmem-report=report.json", "--tfmem-trace=off",
+        "-k", "keras_pydataset",
     )
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, deselected=8)
     [entry] = json.loads((pytester.path / "report.json").read_text())["tests"]
     children = _children(entry)
     workers = [figure for figure in children.processes if figure.command.startswith("fork of ")]
-    assert len(workers) == 2 and all(90 * MiB <= figure.peak <= 130 * MiB for figure in workers)
+    assert len(workers) == 2 and all(145 * MiB <= figure.peak <= 175 * MiB for figure in workers)
     shown = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "show", "report.json"], cwd=pytester.path,
                            capture_output=True, text=True, timeout=60)
     header = next(line for line in shown.stdout.splitlines() if line.startswith("test "))
