@@ -391,3 +391,31 @@ def test_tfmems_own_processes_and_xdist_workers_are_nobodys_children(pytester: p
     result.assert_outcomes(passed=2)
     tests = json.loads((pytester.path / "report.json").read_text())["tests"]
     assert [entry["measurement"]["children"] for entry in tests] == [None, None]
+
+
+IMPORT_STARTS_A_PROCESS = """
+import subprocess, sys
+
+def test_imports_a_module_that_runs_a_helper():
+    import runs_a_helper
+
+def test_starts_its_own():
+    subprocess.run([sys.executable, "-c", "block = bytearray(40 * 2**20)\\nfor i in range(0, len(block), 4096): block[i] = 1\\n"], check=True)
+"""
+
+RUNS_A_HELPER = """
+import subprocess, sys
+# as matplotlib runs fc-list when it is first imported (under import keras)
+subprocess.run([sys.executable, "-c", "block = bytearray(60 * 2**20)\\nfor i in range(0, len(block), 4096): block[i] = 1\\n"], check=True)
+"""
+
+
+def test_a_process_a_first_import_starts_is_left_out_with_the_import(pytester: pytest.Pytester):
+    pytester.makepyfile(runs_a_helper=RUNS_A_HELPER, test_imports=IMPORT_STARTS_A_PROCESS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=30MB", "--tfmem-report=report.json",
+                                           "test_imports.py")
+    result.assert_outcomes(passed=1, failed=1)
+    tests = {entry["nodeid"].split("::")[1]: entry for entry in json.loads((pytester.path / "report.json").read_text())["tests"]}
+    importer = tests["test_imports_a_module_that_runs_a_helper"]
+    assert importer["measurement"]["children"] is None and importer["outcome"] == "passed"
+    assert 40 * MiB <= _children(tests["test_starts_its_own"]).combined <= 70 * MiB

@@ -293,6 +293,7 @@ class Probes:
             tracker.leave_out_begin()
         if self._mixed is not None:
             self._mixed.leave_out_begin()
+        children_probe.watch().leave_out_begin()
 
     def leave_out_end(self) -> None:
         """The span ends: the open windows leave out what it kept and its peak, and open views
@@ -302,6 +303,7 @@ class Probes:
             tracker.leave_out_end()
         if self._mixed is not None:
             self._mixed.leave_out_end()
+        children_probe.watch().leave_out_end()
         for monitor in self.monitors:
             monitor.open_new_views()
 

@@ -104,7 +104,7 @@ class _Reaped:
 @dataclass(eq=False)
 class ChildWindow:
     started: float
-    leave_out: frozenset[int]
+    leave_out: set[int]
     oom_before: system.OomKillCount | None = None
     oom_read: bool = False
     sampled_sum: int = 0
@@ -179,15 +179,16 @@ class ChildWatch:
         self._waitpid: Callable[[int, int], tuple[int, int]] | None = None  # the original, while replaced
         # tfmem's own processes among the descendants (isolation templates): nobody's children
         self.helpers: set[int] = set()
+        self._span: tuple[float, set[int]] | None = None  # a span left out: its start, the pids it reaped
 
     # -- windows
 
     def open(self) -> ChildWindow:
         with self._lock:
-            leave_out: frozenset[int] = frozenset()
+            leave_out: set[int] = set()
             if _has_children():
                 self._refresh()
-                leave_out = frozenset(process.pid for process in self._tree.descendants) | self.helpers
+                leave_out = {process.pid for process in self._tree.descendants} | self.helpers
             window = ChildWindow(time.monotonic(), leave_out)
             self._windows.append(window)
             self._install_waitpid()
@@ -206,6 +207,27 @@ class ChildWatch:
                 self._reaped.clear()
                 self._restore_waitpid()
             return reading
+
+    def leave_out_begin(self) -> None:
+        """A span that is no window's own begins (a first import): the processes it starts (a
+        library's helper, as matplotlib runs ``fc-list`` when Keras is imported) are not the
+        windows' either."""
+        with self._lock:
+            if self._windows:
+                self._span = (time.monotonic(), set())
+
+    def leave_out_end(self) -> None:
+        """The span ends: every process it started, running or reaped, is left out of the open windows."""
+        with self._lock:
+            span, self._span = self._span, None
+            if span is None or not self._windows:
+                return
+            if _has_children() or self._tree.descendants:
+                self._tick()
+            started, reaped = span
+            pids = reaped | {pid for pid, mark in self._tree.processes.items() if mark.first_seen >= started}
+            for window in self._windows:
+                window.leave_out |= pids
 
     def running(self) -> list[ProcessMark]:
         """The descendants running now, less ``helpers``: each one's ``own_peak`` is its mark, its
@@ -250,9 +272,11 @@ class ChildWatch:
             return
         alive = self._tree.running
         for window in self._windows:
+            in_span = self._span[0] if self._span is not None else float("inf")  # a first import's: not the window's
             own = [
                 mark for pid, mark in self._tree.processes.items()
-                if pid in alive and pid not in window.leave_out and mark.last_seen >= window.started
+                if pid in alive and pid not in window.leave_out and window.started <= mark.last_seen
+                and mark.first_seen < in_span
             ]
             if own and not window.oom_read:
                 window.oom_before, window.oom_read = system.oom_kill_counter(), True
@@ -323,6 +347,8 @@ class ChildWatch:
             with self._lock:
                 if self._windows:
                     self._reaped[reaped_pid] = _Reaped(status, usage.ru_maxrss * 1024, host.high_water_mark() or 0)
+                if self._span is not None:
+                    self._span[1].add(reaped_pid)
         return reaped_pid, status
 
     def stop(self) -> None:
