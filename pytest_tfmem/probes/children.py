@@ -21,7 +21,8 @@ window is open, and hands each window a ``ChildrenReading``:
 A window that starts no process costs one ``waitid`` call at each end and a wake-up of the
 watch's thread every ``INTERVAL_S`` that makes the same call (no child: nothing more to read).
 Processes already running when a window opens (an isolation template, a pool a wider fixture
-started) are not the window's.
+started) are not the window's, nor are those a span left out of it starts (a first import's).
+A fork of this process tells its size at the fork itself (``ForkSizes``).
 """
 
 from __future__ import annotations
@@ -230,8 +231,8 @@ class ChildWatch:
                 window.leave_out |= pids
 
     def running(self) -> list[ProcessMark]:
-        """The descendants running now, less ``helpers``: each one's ``own_peak`` is its mark, its
-        ``rss`` less what it inherited its size now (``running_size``)."""
+        """The descendants running now, less ``helpers``, as just read: each one's ``own_peak`` is
+        its peak, its ``rss`` less what it inherited its size now (``core.retained.children_size``)."""
         with self._lock:
             if not (_has_children() or self._tree.descendants):
                 return []
