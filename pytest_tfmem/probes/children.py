@@ -27,10 +27,8 @@ A fork of this process tells its size at the fork itself (``ForkSizes``).
 
 from __future__ import annotations
 
-import mmap
 import os
 import signal
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_tfmem.probes import host, system
+from pytest_tfmem.probes.fork_sizes import ForkSizes
 from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, describe_signal, killed_by_oom_killer
 
 INTERVAL_S = 0.005
@@ -130,39 +129,6 @@ def _last_pid() -> bytes:
             return loadavg.read().rsplit(b" ", 1)[-1]
     except OSError:
         return b""
-
-
-class ForkSizes:
-    """The size of each fork copy of this process when it started, told by the copy itself.
-
-    A fork copy's resident size and high-water mark count the pages it shares with its parent;
-    its own figure is what it grew above its size at the fork. Read from outside, that size is
-    only known once a reading finds the copy (within ``INTERVAL_S``, or at the next test boundary
-    for one started between windows), when it may have grown already. So each copy made by
-    ``os.fork`` (``multiprocessing``'s fork start method, ``ProcessPoolExecutor``, Keras's
-    workers) writes its pid and resident size into a page shared with this process, at a slot
-    of its own, right after the fork (``os.register_at_fork``); a fork server's copies (another
-    interpreter) are read from outside.
-    """
-
-    SLOTS = 1024
-    _RECORD = struct.Struct("<qq")
-
-    def __init__(self) -> None:
-        self._page = mmap.mmap(-1, self.SLOTS * self._RECORD.size)  # anonymous and shared with forks
-        os.register_at_fork(after_in_child=self._tell)
-
-    def _tell(self) -> None:
-        pid = os.getpid()
-        try:
-            self._RECORD.pack_into(self._page, (pid % self.SLOTS) * self._RECORD.size, pid, host.current_rss())
-        except (OSError, ValueError):
-            pass
-
-    def size(self, pid: int) -> int | None:
-        """``pid``'s resident size when it was forked, if it told it."""
-        told, size = self._RECORD.unpack_from(self._page, (pid % self.SLOTS) * self._RECORD.size)
-        return size if told == pid else None
 
 
 class ChildWatch:
@@ -395,7 +361,7 @@ def _fork_sizes() -> ForkSizes:
     """One per process and its forks: the page is shared, and a fork hook cannot be taken back."""
     global _sizes
     if _sizes is None:
-        _sizes = ForkSizes()
+        _sizes = ForkSizes().tell_forks()
     return _sizes
 
 

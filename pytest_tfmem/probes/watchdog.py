@@ -299,18 +299,24 @@ class Watchdog:
     """Sample a child's process tree, kill it at ``kill_at``, wait for it to end.
 
     ``kill_at`` may be set (or changed) once watching has started; ``on_reading`` is called
-    on the sampling thread with each reading.
+    on the sampling thread with each reading; ``start_size`` gives a fork copy's size at the fork
+    where it told it (``fork_sizes.ForkSizes.size``).
     """
 
     def __init__(
-        self, process: ChildProcess, kill_at: int | None, interval_s: float = 0.02, on_reading: Reading | None = None
+        self,
+        process: ChildProcess,
+        kill_at: int | None,
+        interval_s: float = 0.02,
+        on_reading: Reading | None = None,
+        start_size: Callable[[int], int | None] = lambda pid: None,
     ) -> None:
         self.process = process
         self.kill_at = kill_at
         self.interval_s = interval_s
         self.on_reading = on_reading
         self.killed_at_limit = False
-        self._tree = ProcessTreeRss(process.pid)
+        self._tree = ProcessTreeRss(process.pid, start_size=start_size)  # forks' told sizes, where known
         self._available = system.available_memory()
         self._available_read = time.monotonic()
         self._timeline: list[tuple[float, int]] = []

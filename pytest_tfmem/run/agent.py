@@ -6,8 +6,10 @@ It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -
 would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is
 run by its path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest
 into the script's process (13 MiB and a tenth of a second here), and the script's figures
-would include them. Of pytest-tfmem it loads only ``probes/sampler.py`` and ``probes/tf.py``,
-which need nothing but the standard library, by their paths.
+would include them. Of pytest-tfmem it loads only ``probes/sampler.py``, ``probes/tf.py`` and
+``probes/fork_sizes.py``, which need nothing but the standard library, by their paths. Forks of
+the script write their size at the fork into a page beside READINGS (``fork_sizes``), which
+``tfmem run``'s watchdog reads: what a fork worker grew is then known to the page.
 
 The thread (``tfmem-run-agent``) wakes every ``INTERVAL_S`` and reads, changing nothing the
 script does: where the main thread is (its Python stack), this process's RSS, and, once the
@@ -111,10 +113,14 @@ class Agent:
         self._written_at = float("-inf")
         self._lock = threading.Lock()
         self._sampler = _load_probe("sampler").Sampler(self._read, INTERVAL_S, "tfmem-run-agent")
+        # The script's forks tell their size at the fork, for the watchdog's figures of them.
+        fork_sizes = _load_probe("fork_sizes")
+        self._fork_sizes = fork_sizes.ForkSizes(fork_sizes.told_sizes_path(readings))
 
     def start(self) -> Agent:
         self._write({"event": "agent", "pid": os.getpid(), "interval_s": INTERVAL_S, "time": time.time()})
         self._sampler.start()
+        self._fork_sizes.tell_forks()
         atexit.register(self.finish)
         return self
 

@@ -35,6 +35,7 @@ import psutil
 from pytest_tfmem.core.sessions import Session
 from pytest_tfmem.journal.format import DEFAULT_PATH, JournalFile, reading_due
 from pytest_tfmem.probes import nvml as nvml_probe, system
+from pytest_tfmem.probes.fork_sizes import ForkSizes, told_sizes_path
 from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
 from pytest_tfmem.run import summary
 
@@ -233,6 +234,7 @@ def run(target: Target, options: RunOptions) -> int:
         tail = AgentTail(readings)
         limit = system.applicable_memory_limit()
         started = time.time()
+        told = ForkSizes(told_sizes_path(str(readings)))  # what the script's forks tell (the agent's page)
         process = subprocess.Popen(target.child_argv(readings))
         gpu, gpu_sampler = _open_gpu(options, process.pid)
 
@@ -241,7 +243,7 @@ def run(target: Target, options: RunOptions) -> int:
                 journal.reading(elapsed, rss, tail.poll)
 
         with _signals_passed_to(process) as passed:
-            result = Watchdog(process, options.kill_at, options.watch_interval_s, on_reading).wait()
+            result = Watchdog(process, options.kill_at, options.watch_interval_s, on_reading, told.size).wait()
         gpu_peaks: dict[str, int] = {}
         if gpu_sampler is not None and gpu is not None:
             gpu_sampler.stop()
