@@ -318,11 +318,6 @@ class ChildWatch:
                     self._span[1].add(reaped_pid)
         return reaped_pid, status
 
-    def stop(self) -> None:
-        """Put ``os.waitpid`` back (the plugin's end)."""
-        with self._lock:
-            self._restore_waitpid()
-
 
 def _exact_peak(mark: ProcessMark | None, reaped: _Reaped | None) -> int | None:
     """The process's own peak from ``ru_maxrss`` where it can be told apart from what it inherited:
