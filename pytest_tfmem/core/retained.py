@@ -74,10 +74,15 @@ def _tf_cpu_allocator() -> TFAllocator | None:
     return next((s for s in sources if isinstance(s, TFAllocator) and s.device == "CPU:0"), None)
 
 
+# The name of the view of the running processes a process started, where a view of them is read
+# beside the process's own (leak checks' levels, traces' timelines).
+CHILDREN_VIEW = "children"
+
+
 def children_size(leave_out: Collection[int] = ()) -> int:
     """What the running descendants (less those in ``leave_out``) hold above what they inherited
     (0, at the cost of one system call, when there are none)."""
-    return sum(max(0, mark.rss - mark.inherited) for mark in children.watch().running() if mark.pid not in leave_out)
+    return sum(mark.own_size for mark in children.watch().running() if mark.pid not in leave_out)
 
 
 def running_children() -> frozenset[int]:

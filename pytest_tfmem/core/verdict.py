@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.retained import CHILDREN_VIEW
 from pytest_tfmem.units import format_size
 
 
@@ -22,7 +23,7 @@ def view_label(view: str) -> str:
     ``children`` -> ``processes it started``."""
     if view == "host":
         return "host RSS"
-    if view == "children":  # the running processes it started (``probes.children``)
+    if view == CHILDREN_VIEW:  # the running processes it started (``probes.children``)
         return "processes it started"
     if view.startswith("nvml:"):  # NVML: this process's memory on a GPU
         return f"GPU {view[5:]} (NVML)"

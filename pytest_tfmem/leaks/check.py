@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ParamSpec
 
 from pytest_tfmem.core import measure
-from pytest_tfmem.core.retained import children_size, running_children
+from pytest_tfmem.core.retained import CHILDREN_VIEW, children_size, running_children
 from pytest_tfmem.core.verdict import Verdict, view_label
 from pytest_tfmem.errors import LeakDetected
 from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
@@ -235,9 +235,6 @@ def current_levels(trackers: Sequence[measure.PeakTracker] = (), leave_out: Coll
     levels = {tracker.source.name: tracker.source.current() for tracker in (*measure.probes().trackers(), *trackers)}
     levels[CHILDREN_VIEW] = children_size(leave_out)
     return levels
-
-
-CHILDREN_VIEW = "children"
 
 
 def failing_on_leak(check: Callable[P, LeakReport], doc: str) -> Callable[P, LeakReport]:

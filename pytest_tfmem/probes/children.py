@@ -165,7 +165,7 @@ class ChildWatch:
     def close(self, window: ChildWindow) -> ChildrenReading | None:
         """End ``window``; what it started, or ``None`` if it started nothing."""
         with self._lock:
-            if _has_children() or self._tree.descendants:
+            if self._anything_to_read():
                 self._tick()
             self._windows.remove(window)
             reading = self._reading(window)
@@ -189,7 +189,7 @@ class ChildWatch:
             span, self._span = self._span, None
             if span is None or not self._windows:
                 return
-            if _has_children() or self._tree.descendants:
+            if self._anything_to_read():
                 self._tick()
             started, reaped = span
             pids = reaped | {pid for pid, mark in self._tree.processes.items() if mark.first_seen >= started}
@@ -200,13 +200,17 @@ class ChildWatch:
         """The descendants running now, less ``helpers``, as just read: each one's ``own_peak`` is
         its peak, its ``rss`` less what it inherited its size now (``core.retained.children_size``)."""
         with self._lock:
-            if not (_has_children() or self._tree.descendants):
+            if not self._anything_to_read():
                 return []
             self._tick()
             alive = self._tree.running - self.helpers
             return [mark for pid, mark in self._tree.processes.items() if pid in alive]
 
     # -- readings
+
+    def _anything_to_read(self) -> bool:
+        """A child, or descendants the last listing found (a grandchild outlives its parent)."""
+        return _has_children() or bool(self._tree.descendants)
 
     def _start_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -221,7 +225,7 @@ class ChildWatch:
                 if not self._windows:
                     self._wake.clear()
                     continue
-                if _has_children() or self._tree.descendants:
+                if self._anything_to_read():
                     self._tick()
             time.sleep(INTERVAL_S)
 
@@ -248,7 +252,7 @@ class ChildWatch:
             if own and not window.oom_read:
                 window.oom_before, window.oom_read = system.oom_kill_counter(), True
             window.seen.update(mark.pid for mark in own)
-            window.sampled_sum = max(window.sampled_sum, sum(max(0, m.rss - m.inherited) for m in own))
+            window.sampled_sum = max(window.sampled_sum, sum(mark.own_size for mark in own))
 
     def _reading(self, window: ChildWindow) -> ChildrenReading | None:
         pids = (window.seen | {pid for pid in self._reaped if pid not in window.leave_out}) - window.leave_out

@@ -100,8 +100,9 @@ class ProcessMark:
 
     A fork copy (a process that has not called ``exec``: a ``multiprocessing`` fork worker, a
     forkserver's worker) starts out mapping its parent's pages, which its resident size and
-    high-water mark count: ``inherited`` is its size when first read, and its own figure is
-    what it grew above that. A process that ran a program of its own inherited nothing.
+    high-water mark count: ``inherited`` is its size at the fork (as it told it, else its size
+    when first read or its parent's, whichever is smaller), and its own figures are what it holds
+    above that. A process that ran a program of its own inherited nothing.
     """
 
     pid: int
@@ -109,7 +110,7 @@ class ProcessMark:
     command: str
     first_seen: float
     last_seen: float
-    inherited: int  # a fork copy's size when first read; 0 for a process that ran ``exec``
+    inherited: int  # a fork copy's size at the fork; 0 for a process that ran ``exec``
     high_water_mark: int  # the highest ``VmHWM`` read
     rss: int  # at the last reading
     fork_copy: bool
@@ -118,6 +119,11 @@ class ProcessMark:
     def own_peak(self) -> int:
         """The process's own peak above what it inherited: exact as of its last reading."""
         return max(0, self.high_water_mark - self.inherited)
+
+    @property
+    def own_size(self) -> int:
+        """What it holds above what it inherited, at its last reading."""
+        return max(0, self.rss - self.inherited)
 
 
 def command_line(pid: int, width: int = 60) -> str:
@@ -165,7 +171,7 @@ class ProcessTreeRss:
         start_size: Callable[[int], int | None] = lambda pid: None,
     ) -> None:
         self.pid = pid
-        self.start_size = start_size  # a fork copy's size when it started, where known (``children.ForkSizes``)
+        self.start_size = start_size  # a fork copy's size when it started, where known (``fork_sizes.ForkSizes.size``)
         self.leave_out = leave_out
         self.refresh_s = refresh_s
         self.descendants: list[psutil.Process] = []

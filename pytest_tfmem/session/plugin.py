@@ -334,7 +334,7 @@ def still_running(record: TestRecord) -> list[str]:
     running = {mark.pid: mark for mark in children.watch().running()}
     return [
         f"process pid {figure.pid} `{figure.command}` still running: "
-        f"{format_size(max(0, running[figure.pid].rss - running[figure.pid].inherited))}"
+        f"{format_size(running[figure.pid].own_size)}"
         for figure in started.processes
         if figure.running and figure.pid in running
     ]

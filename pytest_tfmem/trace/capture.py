@@ -25,7 +25,7 @@ from typing import Any
 
 from pytest_tfmem.core.handoffs import TRACE_SUMMARY
 from pytest_tfmem.core.measure import Measurement
-from pytest_tfmem.core.retained import children_size, running_children
+from pytest_tfmem.core.retained import CHILDREN_VIEW, children_size, running_children
 from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.probes.profiler import ProfilerCapture
@@ -33,7 +33,6 @@ from pytest_tfmem.trace import timeline as timeline_module
 from pytest_tfmem.trace.timeline import MemoryView, Timeline, TimelineSampler
 
 PNG = "timeline.png"
-CHILDREN = "children"  # the view of the processes a test started: kept where one ran
 OUTPUT = "output.txt"
 
 
@@ -42,7 +41,7 @@ def memory_views() -> list[MemoryView]:
     test's ``children`` view is), plus each TF allocator that keeps statistics once TF's runtime
     is up."""
     already = running_children()  # running before the test (a wider fixture's pool): not its
-    views = [timeline_module.host_view(), MemoryView(CHILDREN, lambda: children_size(already))]
+    views = [timeline_module.host_view(), MemoryView(CHILDREN_VIEW, lambda: children_size(already))]
     tf = tf_probe.loaded_tensorflow()
     if tf is not None and tf_probe.runtime_started():
         views += [MemoryView(source.name, source.current) for source in tf_probe.allocator_sources(tf)]
@@ -97,7 +96,8 @@ def write_trace(capture: Capture, facts: TraceFacts) -> dict[str, Any]:
     directory = capture.directory
     assert capture.timeline is not None
     starts = {reading.view: reading.start for reading in facts.measurement.views}
-    timeline = capture.timeline.window(facts.measurement.duration_s, starts).without_idle(CHILDREN)
+    # the children view is kept where a process ran
+    timeline = capture.timeline.window(facts.measurement.duration_s, starts).without_idle(CHILDREN_VIEW)
     for view in timeline.views:
         starts.setdefault(view, timeline.values[view][0])
     notes = list(facts.notes)

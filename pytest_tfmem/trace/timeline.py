@@ -76,9 +76,8 @@ class Timeline:
         """The timeline less ``view`` where it read 0 throughout (no process ran, say)."""
         if any(self.values.get(view, ())):
             return self
-        kept = Timeline([v for v in self.views if v != view], list(self.times), list(self.wall_times),
+        return Timeline([v for v in self.views if v != view], list(self.times), list(self.wall_times),
                         {v: values for v, values in self.values.items() if v != view}, self.interval_s)
-        return kept
 
     def above(self, view: str, start: int) -> list[float]:
         """The view's samples in MiB above ``start``."""
