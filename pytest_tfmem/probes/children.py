@@ -37,7 +37,7 @@ from typing import Any
 
 from pytest_tfmem.probes import host, system
 from pytest_tfmem.probes.fork_sizes import ForkSizes
-from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, describe_signal, killed_by_oom_killer
+from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, killed_by_oom_killer, signal_cause
 
 INTERVAL_S = 0.005
 # How often the list of descendants is refreshed when no new process id was handed out.
@@ -278,9 +278,9 @@ class ChildWatch:
                 count = None if oom is None else oom.count
                 if sig in (signal.SIGTERM, signal.SIGINT):
                     ended = f"stopped by {sig.name}"
-                else:
-                    ended = describe_signal(sig, count, "this cgroup" if oom is None else oom.scope)
-                    ended = ended.replace(" (not sent by pytest-tfmem)", "")
+                else:  # a test's child: whether tfmem sent it is not the question
+                    cause = signal_cause(sig, count, "this cgroup" if oom is None else oom.scope)
+                    ended = f"killed by {sig.name}: {cause}"
                 oom_killed = killed_by_oom_killer(sig, count)
             else:
                 ended = f"exited with {os.waitstatus_to_exitcode(reaped.status)}"

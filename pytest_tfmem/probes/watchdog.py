@@ -69,6 +69,11 @@ def describe_signal(sig: signal.Signals, oom_kills: int | None, oom_scope: str =
 
     ``oom_kills``: how far the ``oom_kill`` count of ``oom_scope`` rose while the process ran, if known.
     """
+    return f"killed by {sig.name} (not sent by pytest-tfmem): {signal_cause(sig, oom_kills, oom_scope)}"
+
+
+def signal_cause(sig: signal.Signals, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
+    """What most likely sent ``sig`` (``describe_signal``'s words after the colon)."""
     cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
     if sig == signal.SIGKILL and oom_kills:
         cause = f"the kernel's OOM killer: out of memory ({oom_scope}'s oom_kill count rose by {oom_kills})"
@@ -77,7 +82,7 @@ def describe_signal(sig: signal.Signals, oom_kills: int | None, oom_scope: str =
             f"SIGKILL is what the kernel's OOM killer sends when memory runs out, but {oom_scope}'s "
             "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"
         )
-    return f"killed by {sig.name} (not sent by pytest-tfmem): {cause}"
+    return cause
 
 
 def killed_by_oom_killer(sig: signal.Signals | None, oom_kills: int | None) -> bool:
