@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement, Monitor
-from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes import host
 from pytest_tfmem.probes.watchdog import Watchdog
 from pytest_tfmem.units import format_size, parse_size
 
@@ -142,9 +143,8 @@ def _trial_process(connection: Connection, step: Callable[[int], object], setup:
     try:
         if setup is not None:
             setup()
-        tf = tf_probe.loaded_tensorflow()
-        if tf is not None:
-            tf_probe.start_runtime(tf)  # TF's runtime start-up is not the step's memory
+        for framework in frameworks.loaded():
+            framework.start_runtime()  # the runtime's start-up is not the step's memory
     except BaseException:
         connection.send(("setup failed", traceback.format_exc()))
         return

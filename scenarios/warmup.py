@@ -13,9 +13,9 @@ def warm_up_keras() -> None:
     """Import TensorFlow, start its runtime and train a tiny model once."""
     import tensorflow as tf
 
-    from pytest_tfmem.probes.tf import start_runtime
+    from pytest_tfmem.frameworks.tensorflow import TensorFlow
 
-    start_runtime(tf)
+    TensorFlow().start_runtime()
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
     model.compile(optimizer="adam", loss="mse")
     model.fit(np.zeros((8, 4), "float32"), np.zeros((8, 2), "float32"), verbose=0)

@@ -16,7 +16,6 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pytest_tfmem.core.measure import probes
-from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.probes.imports import FirstImport, ImportLedger
 from pytest_tfmem.units import format_size
 
@@ -27,15 +26,14 @@ SECTION_LINES = 5  # the largest first imports named in a test's section; the re
 class LeaveOutFirstImports:
     """The core's listener on the session's ledger (``probes.imports.ImportListener``)."""
 
-    def __init__(self, prepare_tensorflow: Callable[[], object]) -> None:
-        self.prepare_tensorflow = prepare_tensorflow
+    def __init__(self, prepare_frameworks: Callable[..., object]) -> None:
+        self.prepare_frameworks = prepare_frameworks
 
     def import_started(self, module: str) -> None:
         probes().leave_out_begin()
 
     def import_finishing(self, module: str) -> None:
-        if tf_probe.loaded_tensorflow() is not None:
-            self.prepare_tensorflow()  # once per session: later imports find it done
+        self.prepare_frameworks(imported=module)  # once per framework and session
 
     def import_booked(self, booking: FirstImport) -> None:
         probes().leave_out_end()

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.probes import host
-from pytest_tfmem.probes.tf import clear_keras_sessions
 from pytest_tfmem.units import format_size
 
 
@@ -80,9 +80,10 @@ class TfmemFixture:
         return reading.end - reading.start if reading else 0
 
     def clean(self) -> CleanReport:
-        """Release what a TF test may hold: Keras sessions, garbage, freed heap."""
+        """Release what a test may hold: Keras sessions, each framework's caches (JAX's compiled
+        functions, PyTorch's CUDA cache), garbage, freed heap."""
         before = host.current_rss()
-        actions = [*clear_keras_sessions(), "gc.collect()", "malloc_trim(0)"]
+        actions = [*frameworks.clear(), "gc.collect()", "malloc_trim(0)"]
         host.release_freed_memory()
         return CleanReport(max(0, before - host.current_rss()), tuple(actions))
 

@@ -4,7 +4,7 @@ each test, applies the checks and writes the summary. Thin glue: no arithmetic h
 Inert unless a tfmem option or ini value is set, or a test uses a tfmem marker or the ``tfmem``
 fixture. Features reach the manager with ``manager(config)`` and plug into it with declarations
 (``core.features``), the few hooks of ``hookspecs.py`` and the manager's own registrations
-(``known_peak``, ``tracker_sources``, ``tensorflow_setups``).
+(``known_peak``, ``tracker_sources``, ``runtime_setups``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from pytest_tfmem import hookspecs
+from pytest_tfmem import frameworks, hookspecs
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
@@ -41,9 +40,11 @@ from pytest_tfmem.core.summary import render_table, section_text, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import failure_for
-from pytest_tfmem.probes import children as children_probe, host, tf as tf_probe
+from pytest_tfmem.frameworks import Framework
+from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.garbage import Collector
 from pytest_tfmem.probes.imports import ImportLedger
+from pytest_tfmem.probes.objects import instance_dict
 
 MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
@@ -108,7 +109,7 @@ class TfmemManager:
         self.records: list[TestRecord] = []
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
         self._measure_all: bool | None = None
-        self._tensorflow_prepared = False
+        self._prepared: set[str] = set()  # the frameworks whose runtime was prepared (by module)
         self.collector = Collector(host.current_rss)
         self.subtests = SubtestWindows(self.trackers)
         self.first_reruns = attempts.FirstReruns()
@@ -124,11 +125,10 @@ class TfmemManager:
         # same trackers at every call, so nested windows fold their peaks into each other; a
         # test's headline peak reads only the host and TensorFlow CPU views;
         self.tracker_sources: list[Callable[[], list[PeakTracker]]] = []
-        # device settings, applied once TensorFlow is found loaded (``tf``: before the first
-        # measured test, or right after a test's own first import of it), before tfmem starts its
-        # runtime: memory growth and logical memory limits apply only while the second argument
-        # (the runtime started) is false.
-        self.tensorflow_setups: list[Callable[[ModuleType, bool], None]] = []
+        # device settings, applied once a framework is found loaded (before the first measured
+        # test, or right after a test's own first import of it), before tfmem starts its runtime:
+        # memory limits apply only while the second argument (the runtime started) is false.
+        self.runtime_setups: list[Callable[[Framework, bool], None]] = []
         self.steps = [CallStep(Step.MEASURE, self._measured_call)]  # in Step order: add_step
         self.teardown_steps: list[TeardownStep] = []  # in Teardown order: add_teardown_step
         self.summaries: list[tuple[Summary, Callable[[pytest.TerminalReporter], None]]] = [
@@ -151,7 +151,7 @@ class TfmemManager:
         the open windows' figures as they happen."""
         if self._imports is None:
             self._imports = ImportLedger(probes().host.source)
-            self._imports.add_listener(LeaveOutFirstImports(self.prepare_tensorflow))
+            self._imports.add_listener(LeaveOutFirstImports(self.prepare_frameworks))
         return self._imports
 
     def add_step(self, step: CallStep) -> None:
@@ -189,21 +189,29 @@ class TfmemManager:
         arguments = item.stash.get(ARGUMENTS, {})
         return arguments.get("budget", self.settings.budget)
 
-    def prepare_tensorflow(self) -> bool:
-        """Once TF is loaded: let features configure devices, then start its runtime. Returns
-        whether that happened now."""
-        if self._tensorflow_prepared:
-            return False
-        tf = tf_probe.loaded_tensorflow()
-        if tf is None:
-            return False
-        self._tensorflow_prepared = True
-        runtime_started = tf_probe.runtime_started()
-        for setup in self.tensorflow_setups:
-            setup(tf, runtime_started)
-        if self.settings.tf_warmup:
-            tf_probe.start_runtime(tf)
-        return True
+    def prepare_frameworks(self, item: pytest.Item | None = None, imported: str = "") -> list[Framework]:
+        """For each framework loaded and in use since the last call (``frameworks.in_use``: the
+        Keras backend, or named by ``item``'s module or by the module a test ``imported``): let
+        features configure its devices, then start its runtime (``--tfmem-tf-warmup``). Returns
+        the frameworks prepared now."""
+        loaded = [framework for framework in frameworks.loaded() if framework.module not in self._prepared]
+        if not loaded:
+            return []
+        named = {imported.split(".", 1)[0]} if imported else set()
+        namespace = instance_dict(getattr(item, "module", None)) if item is not None else None
+        named |= frameworks.named_modules(namespace) if namespace is not None else set()
+        prepared = []
+        for framework in loaded:
+            if not frameworks.in_use(framework, named):
+                continue
+            self._prepared.add(framework.module)
+            runtime_started = framework.runtime_started()
+            for setup in self.runtime_setups:
+                setup(framework, runtime_started)
+            if self.settings.tf_warmup:
+                framework.start_runtime()
+            prepared.append(framework)
+        return prepared
 
     def finish(
         self,
@@ -229,6 +237,14 @@ class TfmemManager:
         failed = record.failed_verdicts
         if failed:
             raise failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
+
+    @pytest.hookimpl
+    def pytest_report_header(self) -> list[str]:
+        """The Keras backend a measured session runs on, and where that was read."""
+        if not self.measure_all:
+            return []
+        backend, source = frameworks.keras_backend()
+        return [f"tfmem: Keras backend {backend} ({source})"]
 
     @pytest.hookimpl
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -276,7 +292,7 @@ class TfmemManager:
         if not self.is_measured(item):
             yield
             return
-        self.prepare_tensorflow()
+        self.prepare_frameworks(item)
         monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
         item.stash[MONITOR] = monitor
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)

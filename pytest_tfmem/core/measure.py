@@ -15,7 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_tfmem.probes import children as children_probe, host, tf as tf_probe
+from pytest_tfmem import frameworks
+from pytest_tfmem.frameworks.tensorflow import TFAllocator
+from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.children import ChildrenReading
 from pytest_tfmem.probes.imports import FirstImport
 from pytest_tfmem.probes.mixed import MixedReading, MixedSampler
@@ -170,17 +172,15 @@ class Measurement:
 
     @property
     def gpu(self) -> int | None:
-        """Largest increase among TensorFlow's GPU allocators, ``None`` without a GPU view."""
-        gpus = [v.increase for v in self.views if v.view.startswith("tf:GPU")]
+        """Largest increase among the frameworks' GPU views, ``None`` without one."""
+        gpus = [v.increase for v in self.views if frameworks.is_gpu_view(v.view)]
         return max(gpus) if gpus else None
 
     def gpu_views(self) -> tuple[ViewReading, ...]:
-        """The views a GPU budget reads: TensorFlow's GPU allocators, else NVML's per-GPU views."""
-        for prefix in ("tf:GPU", "nvml:"):
-            views = tuple(v for v in self.views if v.view.startswith(prefix))
-            if views:
-                return views
-        return ()
+        """The views a GPU budget reads: the frameworks' GPU views (TensorFlow's and PyTorch's
+        allocators, JAX's devices), else NVML's per-GPU views."""
+        own = tuple(v for v in self.views if frameworks.is_gpu_view(v.view))
+        return own or tuple(v for v in self.views if v.view.startswith("nvml:"))
 
     @property
     def nvml_interval_s(self) -> float | None:
@@ -259,11 +259,12 @@ class Measurement:
 
 @dataclass
 class Probes:
-    """The process-wide trackers: host RSS always, TF allocators once TF is loaded; and the
-    monitors whose windows are open, which a span left out (a first import) reaches."""
+    """The process-wide trackers: host RSS always, each framework's device views once its
+    runtime started (``frameworks``); and the monitors whose windows are open, which a span left
+    out (a first import) reaches."""
 
     host: PeakTracker = field(default_factory=lambda: PeakTracker(host.HostRSS()))
-    tf_devices: list[PeakTracker] | None = None
+    devices: dict[str, list[PeakTracker]] = field(default_factory=dict)  # by framework module
     _mixed: MixedSampler | None = None
     monitors: list[Monitor] = field(default_factory=list)  # started, not stopped yet
     _left_out: list[PeakTracker] = field(default_factory=list)
@@ -273,16 +274,16 @@ class Probes:
         statistics and the host peak is exact (a sampled host view says nothing more)."""
         if self._mixed is None and getattr(self.host.source, "exact", True):
             cpu = next((t.source for t in self.trackers() if t.source.name == "tf:CPU:0"), None)
-            if isinstance(cpu, tf_probe.TFAllocator):
+            if isinstance(cpu, TFAllocator):
                 self._mixed = MixedSampler(cpu)
         return self._mixed
 
     def trackers(self) -> list[PeakTracker]:
-        if self.tf_devices is None:
-            tf = tf_probe.loaded_tensorflow()
-            if tf is not None and tf_probe.runtime_started():
-                self.tf_devices = [PeakTracker(s) for s in tf_probe.allocator_sources(tf)]
-        return [self.host, *(self.tf_devices or [])]
+        for framework in frameworks.KNOWN:
+            # asked again until it has views (CUDA's come once PyTorch first uses a GPU)
+            if not self.devices.get(framework.module) and framework.loaded() and framework.runtime_started():
+                self.devices[framework.module] = [PeakTracker(view) for view in framework.device_views()]
+        return [self.host, *(tracker for trackers in self.devices.values() for tracker in trackers)]
 
     def leave_out_begin(self) -> None:
         """A span that is no window's own begins (a first import): every tracker, the monitors'

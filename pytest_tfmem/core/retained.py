@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_tfmem.core import measure
+from pytest_tfmem.frameworks.tensorflow import TFAllocator
 from pytest_tfmem.probes import children, host
-from pytest_tfmem.probes.tf import TFAllocator
 from pytest_tfmem.units import format_size
 
 TEST, FIXTURE, IMPORT, RUNTIME = "test", "fixture", "first import", "runtime"
@@ -160,7 +160,8 @@ class Retained:
 
     ``seq`` orders a process's tests; ``worker`` names the process that ran it when that is not the
     session's own (``processes.process_label``: a pytest-xdist worker, a replacement process);
-    ``stayed`` says what stayed (for a test over the threshold); ``cleared`` what
+    ``stayed`` says what stayed (for a test over the threshold) and ``named_bytes`` how much
+    of it the named holders account for (``None`` where it was not weighed); ``cleared`` what
     ``--tfmem-clear-session`` gave back after it (``None`` when it is off).
     """
 
@@ -171,6 +172,7 @@ class Retained:
     worker: str | None = None
     stayed: tuple[str, ...] = ()
     cleared: int | None = None
+    named_bytes: int | None = None
 
     @property
     def host_bytes(self) -> int:
@@ -209,6 +211,7 @@ class Retained:
             worker=data.get("worker"),
             stayed=tuple(data.get("stayed", ())),
             cleared=data.get("cleared"),
+            named_bytes=data.get("named_bytes"),
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_tfmem.core.first_imports import section_lines
-from pytest_tfmem.core.measure import Measurement
+from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.probes.children import ChildFigure, ChildrenReading
 from pytest_tfmem.units import format_size
@@ -72,7 +72,9 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
     )
     retained_column = ["retained"] if with_retained else []
     with_children = any(r.measurement.children is not None for r in measured)  # type: ignore[union-attr]
-    header = ["test", "peak", "host RSS", "TF CPU", "TF GPU", *(["children"] if with_children else []), *nvml_column,
+    # the GPU column is TensorFlow's allocators' unless another framework's GPU views are there
+    gpu_column = "TF GPU" if all(v.view.startswith("tf:") for v in _gpu_views(measured)) else "GPU"
+    header = ["test", "peak", "host RSS", "TF CPU", gpu_column, *(["children"] if with_children else []), *nvml_column,
               "budget", "use", *gpu_budget_columns, *retained_column]
     rows = [[*header, "result"]]
     for record in measured[:top]:
@@ -88,6 +90,11 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
         if subtests:
             rows += _subtest_rows(record, with_nvml, with_gpu_budget, with_retained, with_children)
     return rows
+
+
+def _gpu_views(records: Sequence[TestRecord]) -> list[ViewReading]:
+    views = (v for r in records if r.measurement is not None for v in r.measurement.gpu_views())
+    return [v for v in views if not v.view.startswith("nvml:")]
 
 
 def _figure_cells(name: str, m: Measurement, with_nvml: bool, with_children: bool = False) -> list[str]:

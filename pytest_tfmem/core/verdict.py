@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.retained import CHILDREN_VIEW
 from pytest_tfmem.units import format_size
@@ -20,14 +21,14 @@ class Verdict:
 
 def view_label(view: str) -> str:
     """``host`` -> ``host RSS``, ``tf:CPU:0`` -> ``TF CPU:0 allocator``, ``nvml:1`` -> ``GPU 1 (NVML)``,
-    ``children`` -> ``processes it started``."""
+    ``children`` -> ``processes it started``, ``jax:gpu:0`` -> ``JAX gpu:0 device``."""
     if view == "host":
         return "host RSS"
     if view == CHILDREN_VIEW:  # the running processes it started (``probes.children``)
         return "processes it started"
     if view.startswith("nvml:"):  # NVML: this process's memory on a GPU
         return f"GPU {view[5:]} (NVML)"
-    return f"TF {view[3:]} allocator"
+    return frameworks.view_label(view) or view
 
 
 def describe_views(measurement: Measurement) -> str:

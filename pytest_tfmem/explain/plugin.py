@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import features, settings
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step
@@ -45,8 +46,7 @@ from pytest_tfmem.explain.lines import (
     resolve_function,
 )
 from pytest_tfmem.explain.tf_ops import AllocatorPeak, TraceUnreadable, memory_profile, peak_allocations, render_ops
-from pytest_tfmem.probes import tf as tf_probe
-from pytest_tfmem.probes.profiler import ProfilerCapture
+from pytest_tfmem.frameworks.profiler import ProfilerCapture
 from pytest_tfmem.units import format_size
 
 RERUN, FROM_START = "rerun", "from-start"
@@ -207,10 +207,10 @@ class ExplainPlugin:
 
     def _start(self, item: pytest.Function, request: ExplainRequest, how: str, profile: bool) -> TracedRun:
         functions, notes = traced_functions(item, request.functions)
-        tf = tf_probe.loaded_tensorflow()
+        framework = frameworks.primary()
         profiler = None
-        if profile and tf is not None:
-            profiler = ProfilerCapture(tf, Path(tempfile.mkdtemp(prefix="tfmem-explain-")))
+        if profile and framework is not None:
+            profiler = ProfilerCapture(framework, Path(tempfile.mkdtemp(prefix="tfmem-explain-")))
             profiler.start()
         run = TracedRun(how, LineTracer(functions, line_trackers()), profiler, notes)
         run.tracer.start()

@@ -24,11 +24,11 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import features, oom, settings
 from pytest_tfmem.core.features import CallStep, Step, Summary
 from pytest_tfmem.core.handoffs import TraceHandoff
@@ -37,11 +37,10 @@ from pytest_tfmem.core.measure import Measurement, PeakTracker
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.verdict import Verdict, view_label
 from pytest_tfmem.errors import DeviceOutOfMemory
-from pytest_tfmem.probes import tf as tf_probe
+from pytest_tfmem.frameworks import Framework
 from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
-GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"
 CHECK = "gpu_budget"
 EXTRA = "gpu"  # the record's section: NVML devices and problems
 APPLIED_LIMIT = pytest.StashKey[int]()  # the GPU limit TensorFlow accepted
@@ -74,8 +73,9 @@ GPU_LIMIT = settings.Option(
 )
 GPU_MEMORY_GROWTH = settings.Option(
     "gpu_memory_growth",
-    f"let TensorFlow take GPU memory as needed rather than nearly all at start ({GROWTH_VARIABLE}=true "
-    "unless already set; default true once a GPU option is given, else the environment is left alone)",
+    "let TensorFlow and JAX take GPU memory as needed rather than most of it at start "
+    "(TF_FORCE_GPU_ALLOW_GROWTH=true, XLA_PYTHON_CLIENT_PREALLOCATE=false, each unless already set; "
+    "default true once a GPU option is given, else the environment is left alone)",
     settings.parse_bool,
     True,
 )
@@ -103,26 +103,34 @@ def pytest_configure(config: pytest.Config) -> None:
     tfmem_manager.add_step(CallStep(Step.GPU, gpu.device_oom_failure))
     tfmem_manager.add_summary(Summary.GPU, gpu.write_summary)
     tfmem_manager.tracker_sources.append(gpu.nvml_trackers)
-    tfmem_manager.tensorflow_setups.append(gpu.configure_tensorflow)
+    tfmem_manager.runtime_setups.append(gpu.configure_runtime)
 
 
 # -- checks --------------------------------------------------------------------------------
 
 
+def device_oom_message(error: BaseException | None) -> str | None:
+    """The message of a framework's device out-of-memory error (TensorFlow's
+    ``ResourceExhaustedError``, PyTorch's ``OutOfMemoryError``, JAX's ``RESOURCE_EXHAUSTED``)."""
+    if error is None:
+        return None
+    return next((m for f in frameworks.loaded() if (m := f.device_oom_message(error)) is not None), None)
+
+
 def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
-    """A ``tf.errors.ResourceExhaustedError`` from the test, as a verdict (unless the test expects it)."""
-    tf = tf_probe.loaded_tensorflow()
-    if tf is None or error is None or not isinstance(error, tf.errors.ResourceExhaustedError) or _expects(item, error):
+    """A framework's device out-of-memory error from the test, as a verdict (unless the test expects it)."""
+    message = device_oom_message(error)
+    if message is None or error is None or _expects(item, error):
         return None
     limit = item.config.stash.get(APPLIED_LIMIT, None)
-    record.extra[oom.CHECK] = oom.record_section(oom.parse_oom(_tf_message(error)), limit)
-    return _oom_verdict(item.config, error, record, None)
+    record.extra[oom.CHECK] = oom.record_section(oom.parse_oom(message), limit)
+    return _oom_verdict(item.config, message, record, None)
 
 
-def _oom_verdict(config: pytest.Config, error: BaseException, record: TestRecord, trace: str | None) -> Verdict:
-    """The failed device-OOM verdict for TensorFlow's ``error`` (``trace``: the test's trace
+def _oom_verdict(config: pytest.Config, message: str, record: TestRecord, trace: str | None) -> Verdict:
+    """The failed device-OOM verdict for the error's ``message`` (``trace``: the test's trace
     directory, which the message points to)."""
-    found, limit = oom.parse_oom(_tf_message(error)), config.stash.get(APPLIED_LIMIT, None)
+    found, limit = oom.parse_oom(message), config.stash.get(APPLIED_LIMIT, None)
     return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, trace))
 
 
@@ -160,38 +168,16 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
 # -- TensorFlow's device set-up ------------------------------------------------------------
 
 
-def apply_gpu_limit(tf: ModuleType, runtime_started: bool, limit: int) -> str:
-    """Set ``limit`` (bytes) as a logical device memory limit on every GPU TensorFlow sees.
-
-    Returns ``""`` when applied, else why not (for a warning). TensorFlow takes the limit
-    in MiB; it is rounded down, to at least 1 MiB.
-    """
-    option = f"--tfmem-gpu-limit={format_size(limit)}"
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return f"{option} not applied: TensorFlow sees no GPU"
-    if runtime_started:
-        return (
-            f"{option} not applied: TensorFlow had already initialised its GPUs (something ran a TF op "
-            "before the first test, e.g. at import of a test module or conftest.py)"
-        )
-    limit_mib = max(1, limit // 2**20)
-    try:
-        for gpu in gpus:
-            tf.config.set_logical_device_configuration(
-                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
-            )
-    except (RuntimeError, ValueError) as error:
-        return f"{option} not applied: TensorFlow refused it: {error}"
-    return ""
-
-
-def enable_memory_growth(environ: MutableMapping[str, str]) -> bool:
-    """Set ``TF_FORCE_GPU_ALLOW_GROWTH=true`` unless the user set it; True if tfmem set it."""
-    if GROWTH_VARIABLE in environ:
-        return False
-    environ[GROWTH_VARIABLE] = "true"
-    return True
+def set_gpu_environment(environ: MutableMapping[str, str]) -> list[str]:
+    """Set each framework's GPU variables (``TF_FORCE_GPU_ALLOW_GROWTH=true``,
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) unless the user set them; the ``NAME=value`` set."""
+    done = []
+    for framework in frameworks.KNOWN:
+        for name, value in framework.gpu_environment.items():
+            if name not in environ:
+                environ[name] = value
+                done.append(f"{name}={value}")
+    return done
 
 
 def gpu_options_given(config: pytest.Config) -> list[str]:
@@ -226,10 +212,6 @@ def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str], *, 
     return notes
 
 
-def _tf_message(error: BaseException) -> str:
-    return str(getattr(error, "message", error))
-
-
 def _expects(item: pytest.Item, error: BaseException) -> bool:
     """The test is marked ``xfail(raises=...)`` with this error's type: leave it as it is."""
     for mark in item.iter_markers("xfail"):
@@ -251,9 +233,9 @@ class TfmemGpu:
         # GPU settings only when a GPU option asks for them: otherwise the environment is left alone.
         self.options_given = gpu_options_given(config)
         wants_growth = bool(self.options_given) and values["gpu_memory_growth"]
-        self.set_growth = wants_growth and enable_memory_growth(os.environ)
-        # Memory growth is read when TF initialises its GPUs: too late if that already happened.
-        self.growth_too_late = self.set_growth and tf_probe.runtime_started()
+        self.variables_set = set_gpu_environment(os.environ) if wants_growth else []
+        # The variables are read when a framework starts its runtime: too late for one that did.
+        self.started_before = {framework.module for framework in frameworks.started()} if self.variables_set else set()
         self.nvml: Nvml | None = None
         self.nvml_note = ""
         self._nvml_trackers: list[PeakTracker] | None = None
@@ -290,30 +272,32 @@ class TfmemGpu:
         return self.budget is not None or self.limit is not None
 
     def pytest_report_header(self) -> list[str]:
-        if not self.set_growth:
+        if not self.variables_set:
             return []
-        return [f"tfmem: {GROWTH_VARIABLE}=true set (GPU option given: {', '.join(self.options_given)})"]
+        return [f"tfmem: {', '.join(self.variables_set)} set (GPU option given: {', '.join(self.options_given)})"]
 
     @pytest.hookimpl(tryfirst=True)  # before pytest's own set-up, which runs the fixtures
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        """With a GPU limit, configure TF's GPUs before fixtures run (they may start TF's runtime)."""
+        """With a GPU limit, configure the GPUs before fixtures run (they may start a runtime)."""
         if self.limit is not None:
-            manager(self.config).prepare_tensorflow()
+            manager(self.config).prepare_frameworks(item)
 
-    def configure_tensorflow(self, tf: ModuleType, runtime_started: bool) -> None:
-        """Apply the GPU limit and say what could not be set (the manager calls it once TF is loaded)."""
+    def configure_runtime(self, framework: Framework, runtime_started: bool) -> None:
+        """Apply the GPU limit and say what could not be set (the manager calls it once a
+        framework is loaded, before its runtime starts)."""
         config = self.config
         problems = []
         if self.limit is not None:
-            problem = apply_gpu_limit(tf, runtime_started, self.limit)
+            problem = framework.limit_gpu_memory(self.limit, runtime_started)
             if problem:
-                problems.append(problem)
+                problems.append(f"--tfmem-gpu-limit={format_size(self.limit)} not applied: {problem}")
             else:
                 config.stash[APPLIED_LIMIT] = self.limit
-        if self.growth_too_late and tf.config.list_physical_devices("GPU"):
+        variables = [f"{name}={value}" for name, value in framework.gpu_environment.items()]
+        if framework.module in self.started_before and set(variables) & set(self.variables_set):
             problems.append(
-                f"GPU memory growth not turned on: TensorFlow had initialised its GPUs before pytest-tfmem "
-                f"started (set {GROWTH_VARIABLE}=true in the environment, or --tfmem-gpu-memory-growth=false)"
+                f"GPU memory growth not turned on: {framework.name} had started before pytest-tfmem "
+                f"(set {', '.join(variables)} in the environment, or --tfmem-gpu-memory-growth=false)"
             )
         for problem in problems:
             warnings.warn(TfmemDeviceWarning(f"pytest-tfmem: {problem}"), stacklevel=2)
@@ -344,7 +328,7 @@ class TfmemGpu:
                 raise
             traced = TraceHandoff.of(record)
             trace = traced.shown_directory if traced is not None else None
-            refined = _oom_verdict(self.config, error, record, trace)
+            refined = _oom_verdict(self.config, device_oom_message(error) or str(error), record, trace)
             record.verdicts[record.verdicts.index(verdict)] = refined
             publish(item, record)
             failure = DeviceOutOfMemory(refined.message)
@@ -373,5 +357,5 @@ class TfmemGpu:
             self._sampler.stop()
         if self.nvml is not None:
             self.nvml.close()
-        if self.set_growth:
-            os.environ.pop(GROWTH_VARIABLE, None)
+        for variable in self.variables_set:
+            os.environ.pop(variable.split("=", 1)[0], None)

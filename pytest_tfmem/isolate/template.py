@@ -45,12 +45,12 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent
 from pytest_tfmem.isolate.child import ChildRun, ChildSpec, single_test_options
 from pytest_tfmem.isolate.replacement import ReplacementRun, ReplacementSpec
-from pytest_tfmem.probes import tf as tf_probe
 
 EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path
 
@@ -79,9 +79,10 @@ def fork_unsafe_reason() -> str | None:
     """Why forking this process is not safe, or ``None``."""
     if not hasattr(os, "fork"):
         return "this platform has no fork()"
-    if tf_probe.runtime_started():
+    started = frameworks.started()
+    if started:
         return (
-            "TensorFlow's runtime was started while pytest configured (by a conftest.py file or "
+            f"{started[0].name}'s runtime was started while pytest configured (by a conftest.py file or "
             "a plugin): its threads do not survive a fork"
         )
     return None

@@ -1,9 +1,10 @@
 """What piles up between the iterations of a leak check.
 
 ``GrowthTracker.observe()`` runs after the baseline and after each measured iteration (after
-``gc.collect()``) and counts gc-visible Python objects by type, the size of TensorFlow's eager
-function library and its functions by name (``tf.function`` traces among them), and Keras's
-name counters. Such a quantity is reported when it rose at *every* step: a cache filled once
+``gc.collect()``) and counts gc-visible Python objects by type, what the frameworks hold
+(``frameworks.holders``: JAX's compiled executables and live arrays among them), the size of
+TensorFlow's eager function library and its functions by name (``tf.function`` traces among
+them), and Keras's name counters. Such a quantity is reported when it rose at *every* step: a cache filled once
 is not a trend. The lengths of lists/dicts/sets/deques are compared once, baseline against
 the end, so a container that gains items (numpy arrays, which gc does not track, included)
 is named with what holds it.
@@ -20,10 +21,10 @@ from dataclasses import asdict, dataclass
 from itertools import compress, repeat
 from typing import Any
 
+from pytest_tfmem import frameworks
+from pytest_tfmem.frameworks.tensorflow import LIBRARY_HOLDER, function_group, function_library_names
 from pytest_tfmem.probes.holders import CONTAINER_TYPES, container_label, last_items
 from pytest_tfmem.probes.objects import (
-    function_group,
-    function_library_names,
     keras_name_counters,
     module_global,
     own_types,
@@ -61,6 +62,7 @@ class LeakDiagnosis:
     library_functions: tuple[Growth, ...] = ()  # library names (numbers stripped) that grew
     keras_names: tuple[Growth, ...] = ()
     retracing: tuple[Growth, ...] = ()
+    holders: tuple[Growth, ...] = ()  # the frameworks' holders (JAX executables...) that grew
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +80,7 @@ class LeakDiagnosis:
             library_functions=growths("library_functions"),
             keras_names=growths("keras_names"),
             retracing=growths("retracing"),
+            holders=growths("holders"),
         )
 
     def rows(self, leaked: bool) -> list[tuple[str, str]]:
@@ -93,6 +96,10 @@ class LeakDiagnosis:
             if self.library_functions:
                 text += ", e.g. " + _list_growths(self.library_functions, _SHOWN_FUNCTIONS, "names")
             rows.append(("TF function library", text))
+        if self.holders:
+            rows.append(("framework holders", ", ".join(
+                f"{g.signed()} {g.label} per iteration ({g.start} -> {g.end})" for g in self.holders
+            )))
         if self.keras_names:
             rows.append(("Keras name counters", ", ".join(f"{g.signed()} {g.label}" for g in self.keras_names)))
         if self.retracing:
@@ -191,6 +198,7 @@ class GrowthTracker:
         self._library_steps = 0  # observations since the first one that found TF running
         self._names = _EveryStep()
         self._functions = _EveryStep()
+        self._holders = _EveryStep()
         self._ignored: set[int] = set()
 
     def ignore(self, *containers: object) -> None:
@@ -199,7 +207,7 @@ class GrowthTracker:
 
     def _own_ids(self) -> set[int]:
         own = {id(self._ignored), id(self._container_baseline), *self._ignored}
-        for step in (self._types, self._names, self._functions):
+        for step in (self._types, self._names, self._functions, self._holders):
             own.update((id(step.first), id(step.last), id(step.rising)))
         return own
 
@@ -232,6 +240,9 @@ class GrowthTracker:
             self._library = (len(names) if self._library is None else self._library[0], len(names))
             self._functions.observe(collections.Counter(map(function_group, names)))
         self._names.observe(keras_name_counters())
+        self._holders.observe({
+            name: holder.count for name, holder in frameworks.holders().items() if name != LIBRARY_HOLDER
+        })
 
     def diagnosis(self) -> LeakDiagnosis:
         type_growth = {type_name(kind): (kind, growth) for kind, growth in self._types.growths().items()}
@@ -250,12 +261,13 @@ class GrowthTracker:
         library = None
         if self._library is not None:
             first, last = self._library
-            library = Growth("TF function library", (last - first) / max(1, self._library_steps), first, last)
+            library = Growth(LIBRARY_HOLDER, (last - first) / max(1, self._library_steps), first, last)
         return LeakDiagnosis(
             types=tuple(_growth(labels[name], type_growth[name][1]) for name in ranked),
             containers=tuple(_growth(container_label(alive[key]), growing[key]) for key in containers),
             function_library=library,
             keras_names=_by_growth(_growth(key, value) for key, value in self._names.growths().items()),
+            holders=_by_growth(_growth(key, value) for key, value in self._holders.growths().items()),
             library_functions=_by_growth(
                 _growth(name, value) for name, value in functions.items() if not name.startswith(_TRACE_PREFIX)
             ),

@@ -21,9 +21,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from pytest_tfmem.frameworks.tensorflow import TFAllocator
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.sampler import Sampler
-from pytest_tfmem.probes.tf import TFAllocator
 
 DEFAULT_INTERVAL_S = 0.01
 

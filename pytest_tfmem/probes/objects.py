@@ -1,5 +1,5 @@
-"""Python-level state a diagnosis reads: object types by name, TensorFlow's eager function
-library, Keras's name counters. Shared by the leak check's diagnosis and by what a test left
+"""Python-level state a diagnosis reads: object types by name, sizes read statically, Keras's
+name counters. Shared by the leak check's diagnosis and by what a test left
 behind; nothing here imports TensorFlow or Keras (their state is read once user code loaded them).
 """
 
@@ -7,15 +7,11 @@ from __future__ import annotations
 
 import collections
 import inspect
-import re
 import sys
 import types
 from typing import Any
 
-from pytest_tfmem.probes import tf as tf_probe
-
 OWN_PACKAGE = __name__.split(".")[0]  # "pytest_tfmem": its own bookkeeping is not the user's
-_NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
 _TYPE_MODULE = type.__dict__["__module__"]
 _TYPE_QUALNAME = type.__dict__["__qualname__"]
 
@@ -93,20 +89,6 @@ def short_labels(names: list[str]) -> dict[str, str]:
     short = {name: name.rsplit(".", 1)[-1] for name in names}
     clashes = collections.Counter(short.values())
     return {name: label if clashes[label] == 1 else name for name, label in short.items()}
-
-
-def function_library_names() -> list[str] | None:
-    """Names of the functions in TF's eager context, or ``None`` before TF's runtime started."""
-    if not tf_probe.runtime_started():
-        return None
-    from tensorflow.python.eager import context  # loaded: runtime_started() found TF
-
-    return list(context.context().list_function_names())
-
-
-def function_group(name: str) -> str:
-    """``adam_dense_1_kernel_momentum_cond_true_1163`` -> ``adam_dense_kernel_momentum_cond_true``."""
-    return _NUMBERS.sub("", name)
 
 
 def keras_name_counters() -> dict[str, int]:

@@ -6,8 +6,9 @@ It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -
 would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is
 run by its path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest
 into the script's process (13 MiB and a tenth of a second here), and the script's figures
-would include them. Of pytest-tfmem it loads only ``probes/sampler.py``, ``probes/tf.py`` and
-``probes/fork_sizes.py``, which need nothing but the standard library, by their paths. Forks of
+would include them. Of pytest-tfmem it loads only ``probes/sampler.py``, ``frameworks/tensorflow.py`` (with
+``frameworks/base.py``) and ``probes/fork_sizes.py``, which need nothing but the standard
+library, by their paths. Forks of
 the script write their size at the fork into a page beside READINGS (``fork_sizes``), which
 ``tfmem run``'s watchdog reads: what a fork worker grew is then known to the page.
 
@@ -46,6 +47,8 @@ FRAMES = 8  # the script's own innermost frames kept per reading
 WRAPPERS = {"error_handler", "wrapper", "wrapped", "inner", "decorated", "_wrapper", "__call__", "_call"}
 WRAPPED_DEPTH = 4
 _PROBES = Path(__file__).resolve().parent.parent / "probes"
+_FRAMEWORKS = Path(__file__).resolve().parent.parent / "frameworks"
+_FRAMEWORKS_PACKAGE = "_tfmem_agent_frameworks"
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -57,6 +60,17 @@ def _load_probe(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _load_framework(name: str) -> ModuleType:
+    """``frameworks/NAME.py`` (with the ``frameworks/`` modules it imports, all standard library
+    only) under a package of its own: ``frameworks/__init__.py`` and the rest of pytest-tfmem
+    are not run."""
+    if _FRAMEWORKS_PACKAGE not in sys.modules:
+        package = ModuleType(_FRAMEWORKS_PACKAGE)
+        package.__path__ = [str(_FRAMEWORKS)]
+        sys.modules[_FRAMEWORKS_PACKAGE] = package
+    return importlib.import_module(f"{_FRAMEWORKS_PACKAGE}.{name}")
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -107,7 +121,7 @@ class Agent:
         self._descriptor = os.open(readings, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._libraries = _library_prefixes()
         self._main = threading.main_thread().ident or 0
-        self._tf_probe = _load_probe("tf")
+        self._tf_probe = _load_framework("tensorflow")
         self._allocators: list[Any] | None = None
         self._last: dict[str, Any] = {}
         self._written_at = float("-inf")

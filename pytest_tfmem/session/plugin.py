@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import features, measure, processes, settings
 from pytest_tfmem.core.features import Summary, Teardown, TeardownStep
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
@@ -49,7 +50,7 @@ from pytest_tfmem.core.retained import (
 )
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import TfmemFailure, failure_for
-from pytest_tfmem.probes import children, host, tf as tf_probe
+from pytest_tfmem.probes import children, host
 from pytest_tfmem.session.stayed import Snapshot, Watcher
 from pytest_tfmem.session.summary import account_lines
 from pytest_tfmem.units import SIZE_FORMS, format_size
@@ -113,6 +114,7 @@ class _Span:
 @dataclass
 class _Weighed:
     stayed: tuple[str, ...] = ()  # what stayed after the test, where it left more than the threshold
+    named_bytes: int | None = None  # how much of it the named holders account for
 
 
 @dataclass
@@ -166,10 +168,12 @@ class SessionBooks:
             tfmem.trackers()  # the first test's window would start them: not the test's memory
             measure.probes().trackers()
         before = self._level if self._level is not None else self._read()
+        prepared = tfmem.prepare_frameworks(item)  # imported since: their runtimes start now
+        started = self._read() if prepared else before
         span = _Span(item.nodeid, before, self.watcher.snapshot())
-        if tfmem.prepare_tensorflow():  # TensorFlow was imported since: its runtime starts now
-            started = self._read()
-            span.bookings.append(Booking.between(RUNTIME, "TensorFlow's runtime start", "", before, started))
+        if prepared:
+            names = " and ".join(framework.name for framework in prepared)
+            span.bookings.append(Booking.between(RUNTIME, f"{names}'s runtime start", "", before, started))
         span.import_mark = tfmem.imports.mark()
         self._span = span
         return (yield)
@@ -189,7 +193,7 @@ class SessionBooks:
         before_clearing = None
         if self.clear_session:
             before_clearing = self._read()
-            tf_probe.clear_sessions()
+            frameworks.clear()
         weighed = _Weighed()
         level = self._read(functools.partial(self._what_stayed, item, self._span, weighed))
         span, self._span = self._span, None
@@ -204,7 +208,7 @@ class SessionBooks:
         cleared = None if before_clearing is None else before_clearing.held - level.held
         record.retained = Retained(
             span.before, level, tuple(span.bookings), self._seq, processes.process_label(self.config),
-            weighed.stayed, cleared,
+            weighed.stayed, cleared, weighed.named_bytes,
         )
         tfmem.last_boundary = Boundary(item.nodeid, level, record.retained)
         verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]
@@ -226,9 +230,11 @@ class SessionBooks:
         host.return_freed_heap()
         now = self._pool.level(current_level(), keep=False)
         booked = sum(booking.bytes for booking in span.bookings)
-        if now.held - span.before.held - booked > threshold:
+        figure = now.held - span.before.held - booked
+        if figure > threshold:
             try:
-                weighed.stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects())
+                stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects(), figure)
+                weighed.stayed, weighed.named_bytes = stayed.lines, stayed.named_bytes
             except Exception as error:  # the diagnosis must never fail the test
                 weighed.stayed = (f"what stayed could not be read: {error!r}",)
 

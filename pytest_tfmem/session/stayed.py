@@ -8,6 +8,11 @@ left more than the threshold, ``what_stayed`` compares them, and lists the objec
 the test: after ``gc.freeze()`` at the previous window, ``gc.get_objects()`` lists only objects
 made since, so the new survivors cost no scan of the whole heap. NumPy arrays are not tracked by
 the collector: they are found through the containers that gained them.
+
+What the frameworks hold (``frameworks.holders``: TensorFlow's function library, JAX's compiled
+executables and live arrays, PyTorch's CUDA cache) is compared too. The lines lead with the
+largest holder in bytes and end by saying how much of the test's figure the named holders account
+for; what is counted but not sized (functions, executables on CPU) is the native rest.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_tfmem import frameworks
+from pytest_tfmem.frameworks import Holder
 from pytest_tfmem.probes.holders import CONTAINER_TYPES
 from pytest_tfmem.probes.objects import (
     OWN_PACKAGE,
-    function_library_names,
     instance_dict,
     keras_name_counters,
     own_types,
@@ -37,7 +43,8 @@ from pytest_tfmem.units import format_size
 _SHOWN = 3
 _SHOWN_TYPES = 5
 _SMALL = 64 * 2**10  # new objects of pytest's own, or small builtins, are not worth a mention
-_FRAMEWORKS = ("keras", "tf_keras", "tensorflow")
+_NAMED_AT_LEAST = 2**10  # a holder of less is left out of the lines
+_FRAMEWORKS = ("keras", "tf_keras", *(framework.module for framework in frameworks.KNOWN))
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,16 @@ class Snapshot:
 
     modules: int
     containers: dict[tuple[str, str], int] = field(default_factory=dict)  # (module, global) -> len
-    library: int | None = None
+    holders: dict[str, Holder] = field(default_factory=dict)  # what the frameworks hold, by name
     keras_names: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stayed:
+    """What stayed after a test: ``lines`` to show, and the bytes of the holders they name."""
+
+    lines: tuple[str, ...]
+    named_bytes: int
 
 
 class Watcher:
@@ -92,32 +107,44 @@ class Watcher:
             for key, value in list(namespace.items())
             if isinstance(value, CONTAINER_TYPES)
         }
-        library = function_library_names()
-        return Snapshot(len(sys.modules), containers, None if library is None else len(library), keras_name_counters())
+        return Snapshot(len(sys.modules), containers, frameworks.holders(), keras_name_counters())
 
-    def what_stayed(self, before: Snapshot, new_objects: Iterable[Any]) -> tuple[str, ...]:
-        """Lines naming what a test left: containers that grew, new objects, TF, Keras, modules."""
-        lines = self._grown_containers(before)
-        lines += self._new_objects(new_objects)
-        library = function_library_names()
-        if library is not None and len(library) > (before.library or 0):
-            lines.append(f"TF function library +{len(library) - (before.library or 0)} functions "
-                         f"({before.library or 0} -> {len(library)})")
-        grown = {
+    def what_stayed(self, before: Snapshot, new_objects: Iterable[Any], figure: int) -> Stayed:
+        """What a test that left ``figure`` bytes left: the holders sized in bytes (containers that
+        grew, new objects, the frameworks' sized holders), largest first, then ``named 9.8 of
+        243.3 MiB; the rest is native memory (...)`` with what was counted but not sized."""
+        containers, items = self._grown_containers(before)
+        sized = containers + self._new_objects(obj for obj in new_objects if id(obj) not in items)  # no double count
+        counted: list[tuple[None, str]] = []
+        for holder in frameworks.holders().values():
+            grown = _holder_growth(before.holders.get(holder.name), holder)
+            if grown is not None and grown[0] is None:
+                counted.append((None, grown[1]))
+            elif grown is not None and grown[0] is not None:
+                sized.append((grown[0], grown[1]))
+        sized = sorted((entry for entry in sized if entry[0] >= _NAMED_AT_LEAST), key=lambda entry: -entry[0])
+        grown_names = {
             key: count - before.keras_names.get(key, 0)
             for key, count in keras_name_counters().items() if count > before.keras_names.get(key, 0)
         }
-        if grown:
-            names = sorted(grown.items(), key=lambda item: (-item[1], item[0]))
-            lines.append("Keras name counters " + ", ".join(f"+{count} {key}" for key, count in names[:_SHOWN]))
+        if grown_names:
+            names = sorted(grown_names.items(), key=lambda item: (-item[1], item[0]))
+            counted.append((None, "Keras name counters " + ", ".join(f"+{n} {key}" for key, n in names[:_SHOWN])))
         imported = list(sys.modules)[before.modules:]
         if imported:
             more = f", ... ({len(imported) - _SHOWN} more)" if len(imported) > _SHOWN else ""
-            lines.append(f"modules imported: {len(imported)} ({', '.join(imported[:_SHOWN])}{more})")
-        return tuple(lines)
+            counted.append((None, f"modules imported: {len(imported)} ({', '.join(imported[:_SHOWN])}{more})"))
+        named = sum(size for size, _ in sized)
+        lines = [text for _, text in sized]
+        rest = f"; the rest is native memory ({', '.join(text for _, text in counted)})" if counted else ""
+        lines.append(f"named {_share(named, figure)}{rest}")
+        return Stayed(tuple(lines), named)
 
-    def _grown_containers(self, before: Snapshot) -> list[str]:
+    def _grown_containers(self, before: Snapshot) -> tuple[list[tuple[int, str]], set[int]]:
+        """The user's global containers that gained items, with the bytes the new items hold;
+        and the ids of those items."""
         found = []
+        ids: set[int] = set()
         namespaces = dict(self._watched_modules())
         for (module, key), length in before.containers.items():
             container = namespaces.get(module, {}).get(key)
@@ -130,6 +157,7 @@ class Watcher:
                 items = []  # no order: which items are new is not known
             else:
                 items = list(container)[-added:]
+            ids.update(map(id, items))
             size = sum(map(size_of, items))
             kinds = collections.Counter(type(item).__name__ for item in items)
             held = "/".join(kind for kind, _ in kinds.most_common(_SHOWN))
@@ -137,14 +165,14 @@ class Watcher:
             found.append((size, f"{type(container).__name__} {key!r} (global of {module}) "
                                 f"+{added} item{'s' if added != 1 else ''}{what}"))
         found.sort(key=lambda entry: -entry[0])
-        return [line for _, line in found[:_SHOWN]]
+        return found[:_SHOWN], ids
 
     def _telling_type(self, kind: type) -> bool:
         """A TensorFlow or Keras type, or one of the user's own: worth naming however small."""
         module = type_name(kind).rsplit(".", 1)[0]
         return module.split(".")[0] in _FRAMEWORKS or self._users.get(module, False)
 
-    def _new_objects(self, objects: Iterable[Any]) -> list[str]:
+    def _new_objects(self, objects: Iterable[Any]) -> list[tuple[int, str]]:
         if self._own_types is None:
             self._own_types = set(own_types())
         counts: collections.Counter[type] = collections.Counter()
@@ -163,4 +191,26 @@ class Watcher:
         listed = ", ".join(
             f"{labels[type_name(kind)]} +{counts[kind]} ({format_size(sizes[kind])})" for kind in ranked
         )
-        return [f"new objects alive: {listed}"]
+        return [(sum(sizes[kind] for kind in ranked), f"new objects alive: {listed}")]
+
+
+def _holder_growth(before: Holder | None, now: Holder) -> tuple[int | None, str] | None:
+    """``(bytes or None, "JAX compiled executables +12 (3 -> 15)")`` where the holder grew."""
+    count_before = before.count if before is not None else 0
+    bytes_before = (before.bytes or 0) if before is not None else 0
+    added = now.count - count_before
+    grew_bytes = now.bytes - bytes_before if now.bytes is not None else None
+    if added <= 0 and not grew_bytes:
+        return None
+    text = f"{now.name} {added:+d} ({count_before} -> {now.count})"
+    if grew_bytes is None:
+        return None, text
+    return grew_bytes, f"{text} {format_size(grew_bytes, signed=True)}"
+
+
+def _share(named: int, figure: int) -> str:
+    """``9.8 of 243.3 MiB``: both in the unit of the larger."""
+    unit, scale = next(((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if max(named, figure) >= s),
+                       ("B", 1))
+    digits = 0 if unit == "B" else 1
+    return f"{named / scale:.{digits}f} of {figure / scale:.{digits}f} {unit}"

@@ -16,7 +16,7 @@ def _signed(size: int) -> str:
 def process_line(process: ProcessAccount) -> str:
     """``gw0: 601.0 MiB -> 848.0 MiB (+247.0 MiB) over 191 tests: tests +200.0 MiB, ...; 97% explained``."""
     parts = [f"tests {_signed(process.tests_bytes)}"]
-    for kind, label in ((FIXTURE, "fixtures"), (IMPORT, "first imports"), (RUNTIME, "TensorFlow's runtime start")):
+    for kind, label in ((FIXTURE, "fixtures"), (IMPORT, "first imports"), (RUNTIME, _runtime_label(process))):
         if process.bookings(kind):
             parts.append(f"{label} {_signed(process.booked_bytes(kind))}")
     if process.pool_free_growth:
@@ -31,6 +31,12 @@ def process_line(process: ProcessAccount) -> str:
         f"over {len(process.tests)} measured test{'s' if len(process.tests) != 1 else ''}: "
         + ", ".join(parts) + explained
     )
+
+
+def _runtime_label(process: ProcessAccount) -> str:
+    """``TensorFlow's runtime start``, or ``runtime starts`` where several frameworks started."""
+    names = {booking.name for _, booking in process.bookings(RUNTIME)}
+    return names.pop() if len(names) == 1 else "runtime starts"
 
 
 def account_lines(account: SessionAccount, *, always: bool = False, top: int = TOP_RETAINERS) -> list[str]:
@@ -53,4 +59,25 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
         tests = sum(len(process.tests) for process in account.processes)
         lines.append(f"--tfmem-clear-session gave back {format_size(max(cleared, 0))} over {tests} tests"
                      + (f" (the level rose {format_size(-cleared)} while clearing)" if cleared < 0 else ""))
+    if grew or always:
+        lines += native_lines(account)
     return lines
+
+
+def native_lines(account: SessionAccount) -> list[str]:
+    """Where most of what the weighed tests kept is memory no Python object accounts for (a
+    framework's compiled code, allocator pools): say so, and what gives it back."""
+    weighed = [retained for process in account.processes for _, retained in process.tests
+               if retained.named_bytes is not None and retained.bytes > 0]
+    kept = sum(retained.bytes for retained in weighed)
+    named = sum(min(retained.named_bytes or 0, retained.bytes) for retained in weighed)
+    if not weighed or named * 2 >= kept:
+        return []
+    clearing = ("" if account.cleared is not None
+                else "; --tfmem-clear-session clears Keras's and the frameworks' caches after each test")
+    return [
+        f"most of it is native memory: the objects named account for {format_size(named)} of the "
+        f"{format_size(kept)} that {len(weighed)} test{'s' if len(weighed) != 1 else ''} weighed kept{clearing}; "
+        "what a process does not give back, a fresh one does: --tfmem-session-limit=SIZE replaces the "
+        "process once it holds more"
+    ]

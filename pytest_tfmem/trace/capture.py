@@ -2,7 +2,8 @@
 
 A traced test's directory holds:
 
-- ``plugins/profile/<run>/<host>.xplane.pb``: TensorFlow's profiler trace (Profile tab);
+- ``plugins/profile/<run>/<host>.xplane.pb``: TensorFlow's or JAX's profiler trace (Profile tab),
+  or PyTorch's ``*.pt.trace.json`` with its memory events;
 - ``events.out.tfevents.*``: the memory timeline as scalars (Scalars tab);
 - ``timeline.png``: the same timeline with the budget line, for readers without TensorBoard;
 - ``summary.json``: what was traced, the numbers, and the command that opens the directory;
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.handoffs import TRACE_SUMMARY
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.retained import CHILDREN_VIEW, children_size, running_children
 from pytest_tfmem.files import write_text_atomic
-from pytest_tfmem.probes import tf as tf_probe
-from pytest_tfmem.probes.profiler import ProfilerCapture
+from pytest_tfmem.frameworks.profiler import ProfilerCapture
 from pytest_tfmem.trace import timeline as timeline_module
 from pytest_tfmem.trace.timeline import MemoryView, Timeline, TimelineSampler
 
@@ -38,13 +39,11 @@ OUTPUT = "output.txt"
 
 def memory_views() -> list[MemoryView]:
     """Host RSS, the running processes this one started (their own sizes, read as the
-    test's ``children`` view is), plus each TF allocator that keeps statistics once TF's runtime
-    is up."""
+    test's ``children`` view is), plus each framework's device views once its runtime is up
+    (TensorFlow's allocators, JAX's and PyTorch's GPUs)."""
     already = running_children()  # running before the test (a wider fixture's pool): not its
     views = [timeline_module.host_view(), MemoryView(CHILDREN_VIEW, lambda: children_size(already))]
-    tf = tf_probe.loaded_tensorflow()
-    if tf is not None and tf_probe.runtime_started():
-        views += [MemoryView(source.name, source.current) for source in tf_probe.allocator_sources(tf)]
+    views += [MemoryView(view.name, view.current) for view in frameworks.device_views()]
     return views
 
 
@@ -61,7 +60,7 @@ class Capture:
 @contextmanager
 def capturing(directory: Path) -> Iterator[Capture]:
     """Profile and sample the block into ``directory``; both stop when it ends, however it ends."""
-    profiler = ProfilerCapture(tf_probe.loaded_tensorflow(), directory)
+    profiler = ProfilerCapture(frameworks.primary(), directory)
     capture = Capture(directory, profiler, TimelineSampler(memory_views()))
     capture.profiler.start()
     try:

@@ -1,6 +1,6 @@
 """TensorBoard traces of failing tests: options, marker keyword and the pytest hooks.
 
-``--tfmem-trace=on-failure`` (the default once TensorFlow is loaded) re-runs a failed
+``--tfmem-trace=on-failure`` (the default once a framework is loaded) re-runs a failed
 measured test once, in the same process, under TensorFlow's profiler and a memory timeline
 sampler (see ``core.rerun``), and keeps the result as a TensorBoard log directory (see
 ``trace.capture``, ``trace.dirs``). Passing tests pay nothing: no profiler runs and nothing is
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import features, processes, settings
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary
@@ -29,7 +30,6 @@ from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun, RerunResult, RerunUse
 from pytest_tfmem.core.verdict import describe_views
-from pytest_tfmem.probes import tf as tf_probe
 from pytest_tfmem.trace import dirs as tracedirs
 from pytest_tfmem.trace.capture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
 from pytest_tfmem.units import format_size
@@ -68,8 +68,9 @@ def parse_marker_mode(value: object, what: str) -> str:
 
 TRACE_MODE = settings.Option(
     "trace",
-    f"{ON_FAILURE}: re-run a failed measured test once under TensorFlow's profiler and keep its "
-    f"trace; {ALWAYS}: trace every measured test; {OFF}. Default {ON_FAILURE} once TensorFlow is loaded",
+    f"{ON_FAILURE}: re-run a failed measured test once under its framework's profiler and keep its "
+    f"trace; {ALWAYS}: trace every measured test; {OFF}. Default {ON_FAILURE} once TensorFlow, JAX "
+    "or PyTorch is loaded",
     parse_mode,
 )
 TRACE_DIR = settings.Option(
@@ -86,7 +87,7 @@ TRACE_OPTIONS = [TRACE_MODE, TRACE_DIR, TRACE_KEEP]
 
 @dataclass(frozen=True)
 class TraceSettings:
-    mode: str | None  # None: not set, meaning on-failure once TensorFlow is loaded
+    mode: str | None  # None: not set, meaning on-failure once a framework is loaded
     root: Path
     keep: int
 
@@ -128,7 +129,7 @@ class TracePlugin:
         arguments = item.stash.get(ARGUMENTS, {})
         mode = arguments.get("trace", self.settings.mode)
         if mode is None:
-            return ON_FAILURE if tf_probe.loaded_tensorflow() is not None else OFF
+            return ON_FAILURE if frameworks.loaded() else OFF
         return mode
 
     def _new_directory(self, item: pytest.Item) -> Path | None:

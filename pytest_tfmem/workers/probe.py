@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import processes
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent, output_excerpt, override_options
-from pytest_tfmem.probes import host, tf as tf_probe
+from pytest_tfmem.probes import host
 from pytest_tfmem.workers.fit import BASELINE_PEAK, BUDGET, Need
 
 OUTPUT_LINES = 20
@@ -62,14 +63,14 @@ class ProbedTest:
 class ProbeResult:
     """What the probe measured and collected."""
 
-    rss: int  # resident memory after collection (and TensorFlow's runtime start), freed memory returned
-    tensorflow_started: bool
+    rss: int  # resident memory after collection (and the frameworks' runtime starts), freed memory returned
+    runtimes: list[str]  # the frameworks whose runtime was up: "TensorFlow", "JAX"
     seconds: float
     tests: list[ProbedTest] = field(default_factory=list)
 
     def describe(self) -> str:
         """How the worker baseline was measured, for the session header."""
-        runtime = " and starting TensorFlow's runtime" if self.tensorflow_started else ""
+        runtime = f" and starting {' and '.join(self.runtimes)}'s runtime" if self.runtimes else ""
         return (
             f"measured in a collect-only pytest process after importing the test modules{runtime} "
             f"({self.seconds:.1f} s)"
@@ -120,11 +121,12 @@ class Probe:
             ProbedTest(item.nodeid, tfmem_manager.budget_for(item), tfmem_manager.known_peak(item))
             for item in session.items
         ]
-        tfmem_manager.prepare_tensorflow()  # as a worker does before its first measured test
+        for item in session.items[:1]:  # as a worker does before its first measured test
+            tfmem_manager.prepare_frameworks(item)
         host.release_freed_memory()
         result = ProbeResult(
             rss=host.current_rss(),
-            tensorflow_started=tf_probe.runtime_started(),
+            runtimes=[framework.name for framework in frameworks.started()],
             seconds=round(time.monotonic() - self._t0, 3),
             tests=tests,
         )

@@ -1,0 +1,148 @@
+"""The frameworks tfmem knows (TensorFlow, JAX, PyTorch), each behind ``base.Framework``, and
+the questions every feature asks of all of them: which are loaded, their device views, what
+they hold, their clean-up. No feature asks for a framework by name.
+
+Keras 3 runs on any of them; ``keras_backend()`` says which one a session uses, from what Keras
+reads itself (a loaded Keras, ``KERAS_BACKEND``, ``keras.json``), without importing Keras.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from types import FunctionType, ModuleType
+from typing import Any
+
+from .base import DeviceView, Framework, Holder, ProfilerBusy
+from .jax import Jax
+from .tensorflow import TensorFlow
+from .torch import Torch
+
+__all__ = ["DeviceView", "Framework", "Holder", "ProfilerBusy", "KNOWN", "loaded", "started"]
+
+KNOWN: tuple[Framework, ...] = (TensorFlow(), Jax(), Torch())
+KERAS_MODULES = ("keras", "tf_keras")
+_MODULE_OF_TYPE = type.__dict__["__module__"]  # type's own descriptors: no metaclass runs
+_MODULE_OF_FUNCTION = FunctionType.__dict__["__module__"]
+DEFAULT_KERAS_BACKEND = "tensorflow"
+
+
+def loaded() -> list[Framework]:
+    """The frameworks user code imported, in ``KNOWN``'s order."""
+    return [framework for framework in KNOWN if framework.loaded()]
+
+
+def in_use(framework: Framework, named: set[str]) -> bool:
+    """The session runs on ``framework``: it is Keras's backend (TensorFlow by default), or the
+    test code names it (``named``: the top-level modules a test module refers to, or one a test
+    imported itself). A framework a library loaded for its own ends (TensorFlow Lite imports JAX
+    where it is installed) is not started by tfmem."""
+    return framework.keras_backend == keras_backend()[0] or framework.module in named
+
+
+def named_modules(namespace: dict[str, Any]) -> set[str]:
+    """The top-level modules a module's globals refer to: modules, and the modules their
+    functions and classes come from (read statically: nothing of the user's runs)."""
+    named = set()
+    for value in list(namespace.values()):
+        if isinstance(value, ModuleType):
+            name = vars(value).get("__name__")
+        elif isinstance(value, FunctionType):
+            name = _MODULE_OF_FUNCTION.__get__(value)
+        elif isinstance(value, type):
+            name = _MODULE_OF_TYPE.__get__(value, type)
+        else:
+            continue
+        if isinstance(name, str):
+            named.add(name.split(".", 1)[0])
+    return named
+
+
+def started() -> list[Framework]:
+    """The loaded frameworks whose runtime is up."""
+    return [framework for framework in loaded() if framework.runtime_started()]
+
+
+def keras_backend() -> tuple[str, str]:
+    """``(backend, where it was read)``: Keras 3's backend for this session, as Keras itself
+    decides it (``KERAS_BACKEND`` over ``keras.json`` over ``tensorflow``), or the loaded Keras's."""
+    config = sys.modules.get("keras.src.backend.config")
+    backend = vars(config).get("_BACKEND") if config is not None else None
+    if isinstance(backend, str):
+        return backend, "the loaded Keras"
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"], "KERAS_BACKEND"
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    path = os.path.join(home, "keras.json")
+    try:
+        with open(path, encoding="utf-8") as file:
+            backend = json.load(file).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    if isinstance(backend, str):
+        return backend, path
+    return DEFAULT_KERAS_BACKEND, "Keras's default"
+
+
+def primary() -> Framework | None:
+    """The framework a test's trace follows: Keras's backend where it is loaded, else the first
+    loaded one."""
+    frameworks = loaded()
+    backend, _ = keras_backend()
+    return next((f for f in frameworks if f.keras_backend == backend), frameworks[0] if frameworks else None)
+
+
+def device_views() -> list[DeviceView]:
+    return [view for framework in started() for view in framework.device_views()]
+
+
+def _owner(view: str) -> Framework | None:
+    return next((framework for framework in KNOWN if view.startswith(framework.view_prefix)), None)
+
+
+def view_label(view: str) -> str | None:
+    """``tf:CPU:0`` -> ``TF CPU:0 allocator``; ``None`` for a view no framework owns."""
+    owner = _owner(view)
+    return owner.view_label(view) if owner is not None else None
+
+
+def is_gpu_view(view: str) -> bool:
+    owner = _owner(view)
+    return owner is not None and owner.is_gpu_view(view)
+
+
+def holders(frameworks: Sequence[Framework] | None = None) -> dict[str, Holder]:
+    """What the loaded frameworks hold, by holder name."""
+    found: dict[str, Holder] = {}
+    for framework in loaded() if frameworks is None else frameworks:
+        try:
+            found.update((holder.name, holder) for holder in framework.holders())
+        except Exception:  # a framework shutting down, or one whose internals moved: say nothing
+            continue
+    return found
+
+
+def clear_keras_sessions() -> list[str]:
+    """Call ``clear_session()`` of every Keras that is loaded; return what was cleared.
+
+    Keras 3's ``clear_session`` also resets the global dtype policy to float32.
+    """
+    cleared = []
+    for module_name in KERAS_MODULES:
+        keras = sys.modules.get(module_name)
+        backend = getattr(keras, "backend", None)
+        if backend is not None and hasattr(backend, "clear_session"):
+            backend.clear_session()
+            cleared.append(f"{module_name}.backend.clear_session()")
+    return cleared
+
+
+def clear() -> list[str]:
+    """What a conftest file's clean-up fixture does after each test, on every backend: every
+    loaded Keras's ``clear_session()``, then each loaded framework's own caches; what was done."""
+    cleared = clear_keras_sessions()
+    for framework in loaded():
+        cleared += framework.clear()
+    return cleared

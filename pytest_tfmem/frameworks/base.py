@@ -1,0 +1,106 @@
+"""What every framework module offers (``Framework``), and the plain values it hands out.
+
+A framework module needs nothing but the standard library and the other modules of this
+package (``tfmem run``'s agent loads it without the rest of pytest-tfmem), and never imports its
+framework: each method works on the module user code loaded, found in ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Something a framework keeps that holds memory: what it is, how many, and its bytes where
+    the framework says (``None``: it does not, e.g. JAX's executables on CPU)."""
+
+    name: str  # "JAX compiled executables"
+    count: int
+    bytes: int | None = None
+
+
+class DeviceView(Protocol):
+    """A framework's own figure of one device's memory, read as a peak source (``core.measure``).
+    ``name`` is ``<framework>:<device>``: ``tf:CPU:0``, ``jax:gpu:0``, ``torch:cuda:0``."""
+
+    name: str
+
+    def current(self) -> int: ...
+
+    def peak(self) -> int: ...
+
+    def reset_peak(self) -> None: ...
+
+
+class ProfilerBusy(Exception):
+    """The framework's profiler is already running (user code started one)."""
+
+
+class Framework(Protocol):
+    """One framework, as every feature asks it (``frameworks.loaded()`` lists those in use)."""
+
+    name: str  # for people: "TensorFlow"
+    module: str  # its top-level module: "tensorflow"
+    keras_backend: str  # Keras 3's name for it: "tensorflow", "jax", "torch"
+    view_prefix: str  # its device views' names start with this: "tf:"
+    # set while a GPU option is on, unless the user set them: what makes its GPU figures mean
+    # something (no preallocated pool)
+    gpu_environment: dict[str, str]
+    # what its ``clear`` costs, for the docs and the account
+    clear_cost: str
+
+    def loaded(self) -> bool:
+        """User code imported it (fully). Imports nothing."""
+        ...
+
+    def runtime_started(self) -> bool:
+        """Its runtime (devices, compiler, thread pools) is up."""
+        ...
+
+    def start_runtime(self) -> None:
+        """Start its runtime with one tiny computation, so that start-up is booked apart."""
+        ...
+
+    def device_views(self) -> Sequence[DeviceView]:
+        """Its own per-device memory figures, where it keeps them (once the runtime started)."""
+        ...
+
+    def is_gpu_view(self, name: str) -> bool:
+        """One of its views is a GPU's (it counts towards GPU budgets, not the host figure)."""
+        ...
+
+    def view_label(self, name: str) -> str:
+        """``tf:CPU:0`` -> ``TF CPU:0 allocator``."""
+        ...
+
+    def limit_gpu_memory(self, limit: int, runtime_started: bool) -> str:
+        """Hold each GPU it uses to ``limit`` bytes; ``""`` when applied (or no GPU), else why not."""
+        ...
+
+    def device_oom_message(self, error: BaseException) -> str | None:
+        """The message of ``error`` when it is this framework's device out-of-memory error."""
+        ...
+
+    def holders(self) -> list[Holder]:
+        """What it keeps that holds memory: caches, compiled code, live arrays (cheap to read)."""
+        ...
+
+    def clear(self) -> list[str]:
+        """Free what it caches between tests; return what was done (``jax.clear_caches()``)."""
+        ...
+
+    def start_profiler(self, logdir: Path) -> None:
+        """Start its profiler writing into ``logdir``; ``ProfilerBusy`` if one is running."""
+        ...
+
+    def stop_profiler(self, logdir: Path) -> list[Path]:
+        """Stop the profiler started here; the trace files it wrote into ``logdir``."""
+        ...
+
+    def profile_description(self) -> str:
+        """What the trace files are and how to open them."""
+        ...

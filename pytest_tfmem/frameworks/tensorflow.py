@@ -1,0 +1,212 @@
+"""TensorFlow: allocator statistics per device, its runtime start, function library, clean-up
+and profiler.
+
+TensorFlow pools freed memory and never returns it to the OS, so after a heavier test a
+TF-heavy test may not raise RSS at all; the allocator's ``peak - current at start`` still
+reads what the test needed (see README, "What is measured").
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .base import Holder, ProfilerBusy
+
+MODULE = "tensorflow"
+LIBRARY_HOLDER = "TF function library"  # its holder; the leak check also follows it by function name
+_NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
+
+
+def loaded_tensorflow() -> ModuleType | None:
+    """The ``tensorflow`` module if user code has imported it (fully), else ``None``."""
+    tf = sys.modules.get(MODULE)
+    if tf is None or not hasattr(tf, "config"):
+        return None
+    return tf
+
+
+def _eager_context() -> Any:
+    from tensorflow.python.eager import context  # only reached once TF is loaded
+
+    return context.context()
+
+
+def runtime_started() -> bool:
+    """True once TensorFlow has initialised its devices (after which they can't be configured)."""
+    if loaded_tensorflow() is None:
+        return False
+    return bool(getattr(_eager_context(), "_initialized", True))
+
+
+def runtime_started_elsewhere() -> bool:
+    """``runtime_started`` for a thread other than the one running TensorFlow: true once
+    ``import tensorflow`` has completed and the runtime has initialised its devices. It looks
+    at what is already imported and creates nothing (no eager context, no import), so the
+    code being watched can still configure its devices."""
+    tf = sys.modules.get(MODULE)
+    if tf is None or getattr(getattr(tf, "__spec__", None), "_initializing", False) or not hasattr(tf, "config"):
+        return False
+    context = getattr(sys.modules.get("tensorflow.python.eager.context"), "_context", None)
+    return bool(context is not None and getattr(context, "_initialized", False))
+
+
+class TFAllocator:
+    """A peak source over one device's TF allocator (``tf.config.experimental`` stats).
+
+    ``pool_estimate`` is the highest level in use seen in this process (every peak is read
+    before it is reset). TensorFlow does not say how large its pool is; a pooling allocator
+    (BFC, oneDNN's) keeps what it once held, so the highest level ever in use is the estimate.
+    """
+
+    def __init__(self, tf: ModuleType, device: str) -> None:
+        self._experimental = tf.config.experimental
+        self.device = device
+        self.name = f"tf:{device}"
+        self.pool_estimate = 0
+
+    def current(self) -> int:
+        level = int(self._experimental.get_memory_info(self.device)["current"])
+        self.pool_estimate = max(self.pool_estimate, level)
+        return level
+
+    def peak(self) -> int:
+        level = int(self._experimental.get_memory_info(self.device)["peak"])
+        self.pool_estimate = max(self.pool_estimate, level)
+        return level
+
+    def reset_peak(self) -> None:
+        self.peak()  # the highest level since the last reset counts towards the pool
+        self._experimental.reset_memory_stats(self.device)
+
+
+def allocator_sources(tf: ModuleType) -> list[TFAllocator]:
+    """One source per logical device whose allocator keeps statistics.
+
+    ``CPU:0`` keeps them on Linux x86 with oneDNN on (the default); GPUs always do.
+    """
+    sources = []
+    for logical in tf.config.list_logical_devices():
+        device = logical.name.split("device:", 1)[-1]
+        source = TFAllocator(tf, device)
+        try:
+            source.current()
+        except (ValueError, RuntimeError, tf.errors.OpError):
+            continue
+        sources.append(source)
+    return sources
+
+
+def function_library_names() -> list[str] | None:
+    """Names of the functions in TF's eager context, or ``None`` before TF's runtime started."""
+    if not runtime_started():
+        return None
+    return list(_eager_context().list_function_names())
+
+
+def function_group(name: str) -> str:
+    """``adam_dense_1_kernel_momentum_cond_true_1163`` -> ``adam_dense_kernel_momentum_cond_true``."""
+    return _NUMBERS.sub("", name)
+
+
+class TensorFlow:
+    """TensorFlow behind the ``Framework`` protocol (``frameworks.base``)."""
+
+    name = "TensorFlow"
+    module = MODULE
+    keras_backend = "tensorflow"
+    view_prefix = "tf:"
+    gpu_environment = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    clear_cost = "none measurable: the graph and Keras's state are rebuilt as tests need them"
+
+    def loaded(self) -> bool:
+        return loaded_tensorflow() is not None
+
+    def runtime_started(self) -> bool:
+        return runtime_started()
+
+    def start_runtime(self) -> None:
+        """Initialise TF's devices and run one tiny op."""
+        tf = loaded_tensorflow()
+        if tf is None:
+            return
+        tf.config.list_logical_devices()
+        tf.reduce_sum(tf.ones((8, 8)) @ tf.ones((8, 8))).numpy()
+
+    def device_views(self) -> list[TFAllocator]:
+        tf = loaded_tensorflow()
+        if tf is None or not runtime_started():
+            return []
+        return allocator_sources(tf)
+
+    def is_gpu_view(self, name: str) -> bool:
+        return name.startswith("tf:GPU")
+
+    def view_label(self, name: str) -> str:
+        return f"TF {name[3:]} allocator"
+
+    def limit_gpu_memory(self, limit: int, runtime_started: bool) -> str:
+        """A logical device memory limit on every GPU (TensorFlow takes MiB: rounded down, to at
+        least 1 MiB); it must be set before TensorFlow initialises its GPUs."""
+        tf = loaded_tensorflow()
+        assert tf is not None
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            return "TensorFlow sees no GPU"
+        if runtime_started:
+            return (
+                "TensorFlow had already initialised its GPUs (something ran a TF op before the first "
+                "test, e.g. at import of a test module or conftest.py)"
+            )
+        limit_mib = max(1, limit // 2**20)
+        try:
+            for gpu in gpus:
+                tf.config.set_logical_device_configuration(
+                    gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
+                )
+        except (RuntimeError, ValueError) as error:
+            return f"TensorFlow refused it: {error}"
+        return ""
+
+    def device_oom_message(self, error: BaseException) -> str | None:
+        tf = loaded_tensorflow()
+        if tf is None or not isinstance(error, tf.errors.ResourceExhaustedError):
+            return None
+        return str(getattr(error, "message", error))
+
+    def holders(self) -> list[Holder]:
+        names = function_library_names()
+        return [] if names is None else [Holder(LIBRARY_HOLDER, len(names))]
+
+    def clear(self) -> list[str]:
+        """TensorFlow's default graph reset (Keras's ``clear_session`` is ``frameworks.clear``'s)."""
+        tf = loaded_tensorflow()
+        if tf is None:
+            return []
+        try:
+            tf.compat.v1.reset_default_graph()
+        except (AssertionError, AttributeError):  # inside a graph's context: not ours to reset
+            return []
+        return ["tf.compat.v1.reset_default_graph()"]
+
+    def start_profiler(self, logdir: Path) -> None:
+        tf = loaded_tensorflow()
+        assert tf is not None
+        experimental = tf.profiler.experimental
+        options = experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
+        try:
+            experimental.start(str(logdir), options=options)
+        except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as error:
+            raise ProfilerBusy(f"{type(error).__name__}: {error.message}") from error
+
+    def stop_profiler(self, logdir: Path) -> list[Path]:
+        tf = loaded_tensorflow()
+        assert tf is not None
+        tf.profiler.experimental.stop()
+        return sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))
+
+    def profile_description(self) -> str:
+        return "TensorFlow profiler trace (Profile tab in TensorBoard)"
