@@ -9,25 +9,27 @@ the behaviour (the settings refused after initialisation, the run without GPUs).
 from __future__ import annotations
 
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.frameworks.tensorflow import TensorFlow, allocator_sources
 from pytest_tfmem.gpu.plugin import (
-    GROWTH_VARIABLE,
-    apply_gpu_limit,
     check_gpu_budget,
-    enable_memory_growth,
     gpu_views,
     held_to_gpu_budgets,
+    set_gpu_environment,
     summary_notes,
 )
-from pytest_tfmem.probes.tf import allocator_sources
 
 GiB = 2**30
 MiB = 2**20
+
+GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"  # TensorFlow's, one of the variables a GPU option sets
+PREALLOCATE_VARIABLE = "XLA_PYTHON_CLIENT_PREALLOCATE"  # JAX's
 
 
 class FakeTensorFlow:
@@ -139,45 +141,51 @@ def test_summary_notes_say_which_views_are_missing_and_why():
     assert held_to_gpu_budgets([host_only]) and not held_to_gpu_budgets([tf_gpu, nvml])
 
 
-def test_the_gpu_limit_goes_to_every_gpu_in_MiB():
+def apply_gpu_limit(monkeypatch: pytest.MonkeyPatch, tf: FakeTensorFlow, runtime_started: bool, limit: int) -> str:
+    """The TensorFlow module's limit, on the fake TensorFlow as the loaded one."""
+    monkeypatch.setitem(sys.modules, "tensorflow", tf)
+    return TensorFlow().limit_gpu_memory(limit, runtime_started)
+
+
+def test_the_gpu_limit_goes_to_every_gpu_in_MiB(monkeypatch: pytest.MonkeyPatch):
     tf = FakeTensorFlow(gpus=2)
-    assert apply_gpu_limit(tf, runtime_started=False, limit=int(10e9)) == ""
+    assert apply_gpu_limit(monkeypatch, tf, runtime_started=False, limit=int(10e9)) == ""
     assert {name: [c.memory_limit for c in configs] for name, configs in tf.logical_configuration.items()} == {
         "/physical_device:GPU:0": [9536],  # 10 GB = 9536.7 MiB, rounded down
         "/physical_device:GPU:1": [9536],
     }
 
 
-def test_the_gpu_limit_after_tf_initialised_its_gpus_is_not_applied_and_says_why():
+def test_the_gpu_limit_after_tf_initialised_its_gpus_is_not_applied_and_says_why(monkeypatch: pytest.MonkeyPatch):
     tf = FakeTensorFlow(gpus=1, initialised=True)
-    problem = apply_gpu_limit(tf, runtime_started=True, limit=2 * GiB)
+    problem = apply_gpu_limit(monkeypatch, tf, runtime_started=True, limit=2 * GiB)
     assert problem == (
-        "--tfmem-gpu-limit=2.0 GiB not applied: TensorFlow had already initialised its GPUs (something ran a "
+        "TensorFlow had already initialised its GPUs (something ran a "
         "TF op before the first test, e.g. at import of a test module or conftest.py)"
     )
     assert tf.logical_configuration == {}
 
 
-def test_a_gpu_limit_tensorflow_refuses_is_reported_with_its_words():
+def test_a_gpu_limit_tensorflow_refuses_is_reported_with_its_words(monkeypatch: pytest.MonkeyPatch):
     tf = FakeTensorFlow(gpus=1, initialised=True)  # initialised, though tfmem was told otherwise
-    assert apply_gpu_limit(tf, runtime_started=False, limit=GiB) == (
-        "--tfmem-gpu-limit=1.0 GiB not applied: TensorFlow refused it: Virtual devices cannot be modified after being initialized"
+    assert apply_gpu_limit(monkeypatch, tf, runtime_started=False, limit=GiB) == (
+        "TensorFlow refused it: Virtual devices cannot be modified after being initialized"
     )
 
 
-def test_the_gpu_limit_without_gpus():
-    assert apply_gpu_limit(FakeTensorFlow(gpus=0), runtime_started=False, limit=GiB) == (
-        "--tfmem-gpu-limit=1.0 GiB not applied: TensorFlow sees no GPU"
+def test_the_gpu_limit_without_gpus(monkeypatch: pytest.MonkeyPatch):
+    assert apply_gpu_limit(monkeypatch, FakeTensorFlow(gpus=0), runtime_started=False, limit=GiB) == (
+        "TensorFlow sees no GPU"
     )
 
 
-def test_memory_growth_is_set_unless_the_user_chose():
+def test_the_gpu_variables_are_set_unless_the_user_chose():
     environ: dict[str, str] = {}
-    assert enable_memory_growth(environ) is True
-    assert environ == {GROWTH_VARIABLE: "true"}
+    assert set_gpu_environment(environ) == [f"{GROWTH_VARIABLE}=true", f"{PREALLOCATE_VARIABLE}=false"]
+    assert environ == {GROWTH_VARIABLE: "true", PREALLOCATE_VARIABLE: "false"}
     chosen = {GROWTH_VARIABLE: "false"}
-    assert enable_memory_growth(chosen) is False
-    assert chosen == {GROWTH_VARIABLE: "false"}
+    assert set_gpu_environment(chosen) == [f"{PREALLOCATE_VARIABLE}=false"]
+    assert chosen == {GROWTH_VARIABLE: "false", PREALLOCATE_VARIABLE: "false"}
 
 
 # -- options and markers in pytest runs (no TensorFlow: fast) ----------------------------------
@@ -232,6 +240,7 @@ def test_memory_growth_is_set_only_when_a_gpu_option_is_given(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str], ini: str, expected: str, header: str | None
 ):
     monkeypatch.delenv(GROWTH_VARIABLE, raising=False)
+    monkeypatch.delenv(PREALLOCATE_VARIABLE, raising=False)
     pytester.makepyfile(
         f"""
         import os
@@ -239,6 +248,7 @@ def test_memory_growth_is_set_only_when_a_gpu_option_is_given(
         def test_growth(request):
             expected = request.config.getoption("--expect")
             assert os.environ.get("{GROWTH_VARIABLE}") == (None if expected == "unset" else expected)
+            assert os.environ.get("{PREALLOCATE_VARIABLE}") == (None if expected == "unset" else "false")
         """
     )
     pytester.makeconftest('def pytest_addoption(parser):\n    parser.addoption("--expect")\n')
@@ -246,8 +256,10 @@ def test_memory_growth_is_set_only_when_a_gpu_option_is_given(
     result = pytester.runpytest(f"--expect={expected}", *args)
     result.assert_outcomes(passed=1)
     headers = [line for line in result.outlines if line.startswith(f"tfmem: {GROWTH_VARIABLE}")]
-    assert headers == ([f"tfmem: {GROWTH_VARIABLE}=true set ({header})"] if header else [])
+    set_both = f"{GROWTH_VARIABLE}=true, {PREALLOCATE_VARIABLE}=false"
+    assert headers == ([f"tfmem: {set_both} set ({header})"] if header else [])
     assert GROWTH_VARIABLE not in os.environ  # taken back at the end of the session
+    assert PREALLOCATE_VARIABLE not in os.environ
 
 
 def test_memory_growth_the_user_chose_is_kept(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):

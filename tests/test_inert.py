@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.gpu.plugin import GROWTH_VARIABLE
+GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"  # TensorFlow's, one of the variables a GPU option sets
+
 
 CONFTEST = """
 import json

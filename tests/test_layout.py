@@ -42,8 +42,8 @@ PACKAGE_FILES = sorted(path for path in PACKAGE.rglob("*.py") if path != PACKAGE
 
 def test_the_features_are_the_expected_subpackages():
     assert FEATURES == [
-        "cli", "core", "explain", "gates", "gpu", "html", "isolate", "journal", "leaks", "probes", "run", "session",
-        "trace", "workers",
+        "cli", "core", "explain", "frameworks", "gates", "gpu", "html", "isolate", "journal", "leaks", "probes", "run",
+        "session", "trace", "workers",
     ]
     assert len([path for path in PACKAGE.glob("*.py")]) <= 12  # a short top level
 
@@ -61,8 +61,8 @@ def test_a_feature_imports_no_other_features_plugin_module(path: Path):
 
 
 # Feature subpackages: each a concern of its own that meets the others only through the core.
-# ``core`` and ``probes`` (below every feature) and ``cli`` (the command, which reads the files
-# the features write) are no features.
+# ``core``, ``probes`` and ``frameworks`` (below every feature) and ``cli`` (the command, which
+# reads the files the features write) are no features.
 FEATURE_PACKAGES = {"explain", "gates", "gpu", "html", "isolate", "journal", "leaks", "run", "session", "trace", "workers"}
 # Libraries a feature offers every other part: the journal's file format and its reader.
 SHARED_LIBRARIES = {"pytest_tfmem.journal.format", "pytest_tfmem.journal.reader"}
@@ -89,8 +89,8 @@ def feature_of(module: str) -> str | None:
     return parts[1] if parts[1] in FEATURE_PACKAGES else None
 
 
-def test_the_feature_packages_are_the_subpackages_besides_core_probes_and_cli():
-    assert set(FEATURES) - {"cli", "core", "probes"} == FEATURE_PACKAGES
+def test_the_feature_packages_are_the_subpackages_besides_core_probes_frameworks_and_cli():
+    assert set(FEATURES) - {"cli", "core", "probes", "frameworks"} == FEATURE_PACKAGES
 
 
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)
@@ -120,8 +120,16 @@ def test_the_allowed_crossings_still_exist():
 def test_probes_know_nothing_of_pytest_or_the_rest_of_the_package(path: Path):
     imported = imported_modules(path)
     assert not {name for name in imported if name.split(".")[0] in ("pytest", "_pytest", "pluggy")}
-    package = imported_package_modules(path)
-    assert all(name.startswith("pytest_tfmem.probes") for name in package), package
+    package = imported_package_modules(path)  # the frameworks' modules are as low (standard library only)
+    assert all(name.startswith(("pytest_tfmem.probes", "pytest_tfmem.frameworks")) for name in package), package
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "frameworks").glob("*.py")), ids=module_name)
+def test_framework_modules_need_only_the_standard_library_and_each_other(path: Path):
+    """``tfmem run``'s agent loads them without the package. A module reaches into its own
+    framework's internals only once user code loaded it (``tensorflow.python.eager.context``)."""
+    imported = {name.split(".")[0] for name in imported_modules(path)}
+    assert imported <= {*sys.stdlib_module_names, "__future__", path.stem}, imported
 
 
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)

@@ -11,7 +11,8 @@ import pytest
 
 import pytest_tfmem
 from pytest_tfmem.core import settings
-from pytest_tfmem.gpu.plugin import GROWTH_VARIABLE
+
+GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"  # TensorFlow's, one of the variables a GPU option sets
 
 
 def declared_options() -> dict[str, settings.Option]:
@@ -170,7 +171,7 @@ def test_no_tfmem_tf_warmup_leaves_the_runtime_to_the_test_despite_the_ini_file(
         import pytest
         import tensorflow as tf
 
-        from pytest_tfmem.probes.tf import runtime_started
+        from pytest_tfmem.frameworks.tensorflow import runtime_started
 
         @pytest.mark.tfmem
         def test_first():

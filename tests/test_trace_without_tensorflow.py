@@ -80,7 +80,7 @@ def test_the_failure_report_ends_with_the_directory_and_the_tensorboard_command(
     shown = (numpy_run.session / "test_numpy.py__test_over_budget@40").relative_to(numpy_run.directory)
     lines = numpy_run.section("test_over_budget[40]")
     assert lines[0].startswith("traced: the test was re-run once")
-    assert lines[2] == "profile: TensorFlow is not loaded: no profiler trace"
+    assert lines[2] == "profile: no framework is loaded (TensorFlow, JAX, PyTorch): no profiler trace"
     assert lines[-2] == f"trace directory: {shown}"
     assert lines[-1] == f"open it: tensorboard --logdir {shown}"
     assert f"open them: tensorboard --logdir {numpy_run.session.relative_to(numpy_run.directory)}" in numpy_run.output
@@ -94,7 +94,7 @@ def test_the_summary_keeps_the_verdict_and_the_traced_run_apart(numpy_run: Trace
     assert summary["verdict"]["failed"][0].startswith("peak ")
     assert summary["verdict"]["peak_bytes"] > 55 * 2**20  # the untraced run held 60 MiB
     assert summary["traced_run"]["peak"] > 55 * 2**20  # so did the re-run
-    assert summary["profiler"] == {"status": "not-loaded", "message": "TensorFlow is not loaded: no profiler trace", "files": []}
+    assert summary["profiler"] == {"status": "not-loaded", "message": "no framework is loaded (TensorFlow, JAX, PyTorch): no profiler trace", "files": []}
     assert summary["tensorboard"] == f"tensorboard --logdir {shlex.quote(str(directory))}"
     assert (directory / "output.txt").read_text() == "--- stdout ---\nallocating 60\n"
 

@@ -1,0 +1,241 @@
+"""Keras 3 on JAX, measured like TensorFlow: runtime start booked apart, what holds the memory,
+clean-up, leak checks and traces, on real pytest runs with ``KERAS_BACKEND=jax`` (TensorFlow is
+installed here, and must stay unimported). The runs start together and share the machine.
+PyTorch's CPU case runs where PyTorch is installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax", reason="JAX is not installed (the test extra installs it)")
+
+MIB = 2**20
+
+SUITE = """
+    import sys
+
+    import jax.numpy as jnp
+    import keras
+    import numpy as np
+    import pytest
+
+    KEPT = []
+
+
+    def fit(width):
+        model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(4)])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(np.ones((16, width), "float32"), np.ones((16, 4), "float32"), epochs=1, verbose=0)
+        return model
+
+
+    def test_sum():
+        assert float(jnp.arange(1000.0).sum()) == 499500.0
+
+
+    def test_keeps_models_of_new_shapes():
+        KEPT.extend(fit(width) for width in range(10, 18))
+
+
+    def test_same_model_in_a_loop_does_not_leak(tfmem):
+        tfmem.assert_no_leak(lambda: fit(8), iterations=6, warmup=5, max_growth="1MB")
+
+
+    def test_new_shapes_in_a_loop_leak_jax_executables(tfmem):
+        widths = iter(range(20, 200))
+        report = tfmem.leak_check(lambda: fit(next(widths)), iterations=6, warmup=2, max_growth="100KB")
+        assert report.leaked
+        assert "JAX compiled executables" in [growth.label for growth in report.diagnosis.holders]
+
+
+    @pytest.mark.tfmem(budget="20MB")
+    def test_over_budget():
+        block = jnp.ones((48 * 2**20 // 4,), "float32").block_until_ready()
+        del block
+
+
+    def test_tensorflow_was_never_imported():
+        assert "tensorflow" not in sys.modules
+"""
+
+ORDER = """
+    import unittest
+
+    import jax.numpy as jnp
+    import keras
+    import numpy as np
+
+
+    def test_sum():
+        assert float(jnp.arange(1000.0).sum()) == 499500.0
+
+
+    def test_fit():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(np.ones((16, 8), "float32"), np.ones((16, 4), "float32"), epochs=1, verbose=0)
+
+
+    class TestCase(unittest.TestCase):
+        def test_mean(self):
+            self.assertEqual(float(jnp.ones(1000).mean()), 1.0)
+"""
+ORDERS = {
+    "sum first": ["test_order.py::test_sum", "test_order.py::test_fit", "test_order.py::TestCase::test_mean"],
+    "fit first": ["test_order.py::test_fit", "test_order.py::TestCase::test_mean", "test_order.py::test_sum"],
+}
+
+
+@dataclass
+class Run:
+    folder: Path
+    returncode: int
+    output: str
+    report: dict
+
+    def entry(self, name: str) -> dict:
+        return next(t for t in self.report["tests"] if t["nodeid"].endswith("::" + name))
+
+    def peak(self, name: str) -> int:
+        return self.entry(name)["measurement"]["peak"]
+
+
+def _start(folder: Path, *args: str) -> subprocess.Popen[str]:
+    environment = {**os.environ, "KERAS_BACKEND": "jax"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *args,
+         "--tfmem-report=report.json"],
+        cwd=folder, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """Every run of this module, started at once: the suite with and without clean-up, and the
+    order suite in two orders, isolated and under pytest-xdist."""
+    plans = {
+        "suite": ("test_suite.py", "--tfmem-budget=1GB", "--tfmem-stayed-threshold=1MB"),
+        "cleared": ("test_suite.py", "--tfmem-budget=1GB", "--tfmem-clear-session", "-k", "not leak"),
+        **{order: (*nodeids, "--tfmem-budget=1GB") for order, nodeids in ORDERS.items()},
+        "isolated": (*ORDERS["sum first"], "--tfmem-budget=1GB", "--tfmem-isolate"),
+        "xdist": (*ORDERS["fit first"], "--tfmem-budget=1GB", "-n", "2"),
+    }
+    started = {}
+    for name, args in plans.items():
+        folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
+        (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
+        (folder / "test_order.py").write_text(textwrap.dedent(ORDER))
+        started[name] = (folder, _start(folder, *args))
+    done = {}
+    for name, (folder, process) in started.items():
+        output, _ = process.communicate(timeout=600)
+        report = json.loads((folder / "report.json").read_text())
+        done[name] = Run(folder, process.returncode, output, report)
+    return done
+
+
+def test_the_session_header_names_the_keras_backend(runs: dict[str, Run]):
+    assert "tfmem: Keras backend jax (KERAS_BACKEND)" in runs["suite"].output
+
+
+def test_keras_on_jax_never_imports_tensorflow_and_leak_checks_name_jax_executables(runs: dict[str, Run]):
+    suite = runs["suite"]
+    outcomes = {test["nodeid"].split("::")[-1]: test["outcome"] for test in suite.report["tests"]}
+    assert outcomes == {
+        "test_sum": "passed",
+        "test_keeps_models_of_new_shapes": "passed",
+        "test_same_model_in_a_loop_does_not_leak": "passed",  # the same code: executables reused
+        "test_new_shapes_in_a_loop_leak_jax_executables": "passed",  # asserts the leak and its name
+        "test_over_budget": "failed",
+        "test_tensorflow_was_never_imported": "passed",
+    }, suite.output
+
+
+def test_jax_runtime_start_is_booked_apart_whichever_test_uses_jax_first(runs: dict[str, Run]):
+    for name in ("test_sum", "test_fit", "test_mean"):
+        figures = {order: runs[order].peak(name) for order in (*ORDERS, "isolated", "xdist")}
+        low, high = min(figures.values()), max(figures.values())
+        assert high - low <= max(10 * MIB, 0.1 * high), (name, figures)
+    assert "JAX's runtime start" in runs["sum first"].output
+
+
+def test_what_a_jax_test_kept_names_its_executables_and_says_how_much_is_named(runs: dict[str, Run]):
+    kept = runs["suite"].entry("test_keeps_models_of_new_shapes")["retained"]
+    stayed = kept["stayed"]
+    named = next(line for line in stayed if line.startswith("named "))
+    assert stayed[-1] == named and "; the rest is native memory (JAX compiled executables +" in named, stayed
+    retained_mib = kept["bytes"] / MIB
+    assert retained_mib > 10 and f" of {retained_mib:.1f} MiB" in named, (retained_mib, named)
+    assert "most of it is native memory" in runs["suite"].output
+    assert "--tfmem-session-limit=SIZE" in runs["suite"].output
+
+
+def test_clear_session_clears_jax_caches_and_says_what_it_gave_back(runs: dict[str, Run]):
+    plain, cleared = runs["suite"].report["session"], runs["cleared"].report["session"]
+    assert cleared["cleared_bytes"] > 0, runs["cleared"].output
+    # the same tests without the leak checks: the process grew less with JAX's caches cleared
+    kept = {t["nodeid"]: t["retained_bytes"] for t in runs["suite"].report["tests"]}
+    kept_cleared = {t["nodeid"]: t["retained_bytes"] for t in runs["cleared"].report["tests"]}
+    test = "test_suite.py::test_keeps_models_of_new_shapes"
+    assert kept_cleared[test] < kept[test] - 5 * MIB, (kept_cleared[test], kept[test])
+    assert plain["cleared_bytes"] is None
+
+
+def test_a_jax_test_over_budget_is_traced_with_jax_profiler(runs: dict[str, Run]):
+    suite = runs["suite"]
+    (summary_path,) = (suite.folder / ".tfmem" / "traces").glob("*/test_suite.py__test_over_budget/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["profiler"]["status"] == "captured", summary["profiler"]
+    assert summary["profiler"]["message"] == "JAX profiler trace (Profile tab in TensorBoard)"
+    assert list(summary_path.parent.glob("plugins/profile/*/*.xplane.pb"))
+
+
+TORCH_SUITE = """
+    import pytest
+    import torch
+
+    KEPT = []
+
+
+    def test_matmul():
+        assert float((torch.ones(64, 64) @ torch.ones(64, 64)).sum()) == 64.0**3
+
+
+    def test_keeps_a_tensor():
+        KEPT.append(torch.ones(40 * 2**20 // 4))
+
+
+    @pytest.mark.tfmem(budget="20MB")
+    def test_over_budget():
+        block = torch.ones(48 * 2**20 // 4)
+        del block
+"""
+
+
+def test_pytorch_on_cpu_runtime_start_tensors_kept_and_its_profiler(tmp_path: Path):
+    pytest.importorskip("torch", reason="PyTorch is not installed (its CPU tests run where it is)")
+    (tmp_path / "test_torch.py").write_text(textwrap.dedent(TORCH_SUITE))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "test_torch.py",
+         "--tfmem-budget=1GB", "--tfmem-report=report.json"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output  # the test over budget
+    assert "PyTorch's runtime start" in output
+    report = json.loads((tmp_path / "report.json").read_text())
+    kept = next(t for t in report["tests"] if t["nodeid"].endswith("test_keeps_a_tensor"))["retained"]
+    assert kept["stayed"][0] == "list 'KEPT' (global of test_torch) +1 item: Tensor 40.0 MiB", kept["stayed"]
+    assert kept["stayed"][-1].startswith("named 40.0 of "), kept["stayed"]
+    (summary_path,) = (tmp_path / ".tfmem" / "traces").glob("*/test_torch.py__test_over_budget/summary.json")
+    profiler = json.loads(summary_path.read_text())["profiler"]
+    assert profiler["status"] == "captured" and profiler["message"].startswith("PyTorch profiler trace"), profiler
+    assert list(summary_path.parent.glob("*.pt.trace.json*"))
