@@ -87,12 +87,14 @@ class Jax:
         return self.loaded() and bool(_backends())
 
     def start_runtime(self) -> None:
-        """Create JAX's backends (the CPU client, the XLA compiler) and compile one tiny op."""
+        """Create JAX's backends (the CPU client, the XLA compiler), compile one tiny op and draw
+        from its random number generator (which every Keras model's initialisers use)."""
         jax = _module(MODULE)
         if jax is None:
             return
         numpy = jax.numpy
         (numpy.ones((8, 8)) @ numpy.ones((8, 8))).sum().block_until_ready()
+        jax.random.normal(jax.random.key(0), (8,)).block_until_ready()
 
     def device_views(self) -> list[JaxDevice]:
         if not self.runtime_started():
