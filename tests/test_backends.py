@@ -123,8 +123,9 @@ def _start(folder: Path, *args: str) -> subprocess.Popen[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """Every run of this module, started at once: the suite with and without clean-up, and the
-    order suite in two orders, isolated and under pytest-xdist."""
+    """Every run of this module: the order suite in two orders, isolated and under pytest-xdist,
+    one at a time (each reads its own process: runs beside it would add their noise), then the
+    suite with and without clean-up, together."""
     plans = {
         "suite": ("test_suite.py", "--tfmem-budget=1GB", "--tfmem-stayed-threshold=1MB"),
         "cleared": ("test_suite.py", "--tfmem-budget=1GB", "--tfmem-clear-session", "-k", "not leak"),
@@ -132,17 +133,18 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
         "isolated": (*ORDERS["sum first"], "--tfmem-budget=1GB", "--tfmem-isolate"),
         "xdist": (*ORDERS["fit first"], "--tfmem-budget=1GB", "-n", "2"),
     }
-    started = {}
-    for name, args in plans.items():
-        folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
-        (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
-        (folder / "test_order.py").write_text(textwrap.dedent(ORDER))
-        started[name] = (folder, _start(folder, *args))
     done = {}
-    for name, (folder, process) in started.items():
-        output, _ = process.communicate(timeout=600)
-        report = json.loads((folder / "report.json").read_text())
-        done[name] = Run(folder, process.returncode, output, report)
+    batches = [*([name] for name in plans if name not in ("suite", "cleared")), ["suite", "cleared"]]
+    for names in batches:
+        started = {}
+        for name in names:
+            folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
+            (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
+            (folder / "test_order.py").write_text(textwrap.dedent(ORDER))
+            started[name] = (folder, _start(folder, *plans[name]))
+        for name, (folder, process) in started.items():
+            output, _ = process.communicate(timeout=600)
+            done[name] = Run(folder, process.returncode, output, json.loads((folder / "report.json").read_text()))
     return done
 
 
@@ -192,6 +194,8 @@ def test_clear_session_clears_jax_caches_and_says_what_it_gave_back(runs: dict[s
     test = "test_suite.py::test_keeps_models_of_new_shapes"
     assert kept_cleared[test] < kept[test] - 5 * MIB, (kept_cleared[test], kept[test])
     assert plain["cleared_bytes"] is None
+    after_each = "  after each test: keras.backend.clear_session(), jax.clear_caches() (each function JAX compiled is"
+    assert after_each in runs["cleared"].output
 
 
 def test_a_jax_test_over_budget_is_traced_with_jax_profiler(runs: dict[str, Run]):
@@ -244,3 +248,36 @@ def test_pytorch_on_cpu_runtime_start_tensors_kept_and_its_profiler(tmp_path: Pa
     profiler = json.loads(summary_path.read_text())["profiler"]
     assert profiler["status"] == "captured" and profiler["message"].startswith("PyTorch profiler trace"), profiler
     assert list(summary_path.parent.glob("*.pt.trace.json*"))
+
+
+JAX_SCRIPT = """
+import os
+
+os.environ["KERAS_BACKEND"] = "jax"
+
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+jnp.ones(1).block_until_ready()  # JAX's runtime starts here
+data = np.ones((400, 2**20 // 4), dtype=np.float32)  # 400 MiB of data held in NumPy
+model = keras.Sequential([keras.Input((1024,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+model.compile("adam", "mse")
+model.fit(data[:256, :1024], data[:256, :1], epochs=1, batch_size=64, verbose=0)
+print("trained")
+"""
+
+
+def test_tfmem_run_of_a_keras_on_jax_script_names_jax_and_advises_streaming(tmp_path: Path):
+    (tmp_path / "train.py").write_text(JAX_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_tfmem.cli.main", "run", "--report", "run.json", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "trained\n", done.stderr
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["runtimes"] == ["JAX"] and report["tf_peaks"] == {}
+    assert report["host_share"] >= 400 * MIB
+    assert "  JAX started; host share (NumPy, Python, libraries, their arrays) " in done.stderr
+    (advice,) = report["advice"]
+    assert "taken after JAX started; stream it in batches with a keras.utils.PyDataset or tf.data" in advice

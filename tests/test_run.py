@@ -151,7 +151,9 @@ def test_tfmem_last_tells_where_the_script_was_when_tfmem_run_itself_was_killed(
     assert last.returncode == 1
     assert "it did NOT finish: the tfmem run process is gone (killed, or crashed)" in last.stdout
     assert "running when the journal ends:" in last.stdout and "grow.py 100: started " in last.stdout
-    assert f"in load_shards (grow.py:{line_number(GROW, 'time.sleep')})" in last.stdout, last.stdout
+    # the loop sleeps most of the time, but the last reading may fall on its allocation
+    lines = {line_number(GROW, text) for text in ("time.sleep", "np.ones")}
+    assert any(f"in load_shards (grow.py:{line})" in last.stdout for line in lines), last.stdout
     assert "finished: 0 run" in last.stdout
 
 
@@ -303,10 +305,13 @@ def test_advice_on_the_batch_size_only_when_tensorflow_dominates_in_fit():
     in_fit = Place((("main", "train.py", 30),), "fit", 0.0)
     loading = Place((("load", "train.py", 10),), "array", 0.0)
     GiB = 2**30
-    assert "find_max_batch_size" in advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, in_fit)[0]
-    assert advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, loading) == []  # not reached in fit
-    assert advise(3 * GiB, 0, {"GPU:0": GiB}, in_fit) == []  # TensorFlow does not dominate
-    assert advise(3 * GiB, 2 * GiB, {}, None) == []  # no TensorFlow: no tf.data advice
+    assert "find_max_batch_size" in advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, in_fit, ["TensorFlow"])[0]
+    assert advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, loading, ["TensorFlow"]) == []  # not reached in fit
+    assert advise(3 * GiB, 0, {"GPU:0": GiB}, in_fit, ["TensorFlow"]) == []  # TensorFlow does not dominate
+    assert advise(3 * GiB, 2 * GiB, {}, None, []) == []  # no framework started: no advice
+    (jax,) = advise(3 * GiB, 2 * GiB, {}, None, ["JAX"])  # JAX keeps no allocator view on CPU
+    assert jax.startswith("2.0 GiB of the peak is data (NumPy arrays, Python objects) taken after JAX started; "
+                          "stream it in batches with a keras.utils.PyDataset or tf.data")
 
 
 @pytest.mark.parametrize(
@@ -376,7 +381,7 @@ def test_agent_lines_cut_short_or_garbled_leave_the_summary_with_what_is_whole(t
     path.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"event": "reading", "rss": 1')
     agent = AgentView.read(path)
     assert [reading.get("rss") for reading in agent.readings] == [None]  # the exit line alone
-    assert agent.rss_when_tf_started() is None and agent.tf_peaks() == {"CPU:0": 200 * MiB}
+    assert agent.rss_when_started() is None and agent.tf_peaks() == {"CPU:0": 200 * MiB}
     assert agent.high_water_mark == 300 * MiB and agent.exited
 
 

@@ -173,6 +173,7 @@ class Retained:
     stayed: tuple[str, ...] = ()
     cleared: int | None = None
     named_bytes: int | None = None
+    cleared_by: tuple[str, ...] = ()  # what the clearing did, with its cost where it has one
 
     @property
     def host_bytes(self) -> int:
@@ -195,6 +196,7 @@ class Retained:
             after=dict(vars(self.after)),
             bookings=[dict(vars(booking)) for booking in self.bookings],
             stayed=list(self.stayed),
+            cleared_by=list(self.cleared_by),
             bytes=self.bytes,
             host_bytes=self.host_bytes,
             tf_bytes=self.tf_bytes,
@@ -212,6 +214,7 @@ class Retained:
             stayed=tuple(data.get("stayed", ())),
             cleared=data.get("cleared"),
             named_bytes=data.get("named_bytes"),
+            cleared_by=tuple(data.get("cleared_by", ())),
         )
 
 
@@ -383,6 +386,12 @@ class SessionAccount:
     def cleared(self) -> int | None:
         figures = [p.cleared for p in self.processes if p.cleared is not None]
         return sum(figures) if figures else None
+
+    @property
+    def cleared_by(self) -> list[str]:
+        """What the clearing did in any test, in the order first seen."""
+        done = (action for p in self.processes for _, retained in p.tests for action in retained.cleared_by)
+        return list(dict.fromkeys(done))
 
     def top_retainers(self, count: int, at_least: int = NOTABLE_RETAINER) -> list[Retainer]:
         """Who had left the most (or, for a fixture, held), at least ``at_least``, over every process."""

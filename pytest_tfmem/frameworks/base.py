@@ -50,7 +50,7 @@ class Framework(Protocol):
     # set while a GPU option is on, unless the user set them: what makes its GPU figures mean
     # something (no preallocated pool)
     gpu_environment: dict[str, str]
-    # what its ``clear`` costs, for the docs and the account
+    # what its ``clear`` costs later ("" where nothing to speak of), said beside what it did
     clear_cost: str
 
     def loaded(self) -> bool:
@@ -59,6 +59,11 @@ class Framework(Protocol):
 
     def runtime_started(self) -> bool:
         """Its runtime (devices, compiler, thread pools) is up."""
+        ...
+
+    def runtime_started_elsewhere(self) -> bool:
+        """``runtime_started`` asked from a thread other than the one running the framework
+        (``tfmem run``'s agent): it reads only what is imported, creates and configures nothing."""
         ...
 
     def start_runtime(self) -> None:

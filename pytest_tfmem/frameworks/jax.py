@@ -86,6 +86,9 @@ class Jax:
     def runtime_started(self) -> bool:
         return self.loaded() and bool(_backends())
 
+    def runtime_started_elsewhere(self) -> bool:
+        return self.runtime_started()  # two dictionary reads: safe from any thread
+
     def start_runtime(self) -> None:
         """Create JAX's backends (the CPU client, the XLA compiler), compile one tiny op and draw
         from its random number generator (which every Keras model's initialisers use)."""

@@ -70,6 +70,10 @@ class Torch:
         torch = _loaded()
         return torch is not None and (self._started or _cuda_initialized(torch))
 
+    def runtime_started_elsewhere(self) -> bool:
+        """Its import finished (on CPU its start is the import)."""
+        return self.loaded()
+
     def start_runtime(self) -> None:
         """Run one tiny op on the CPU (its thread pools, oneDNN) and, where CUDA is there, on the
         first GPU (the CUDA context)."""

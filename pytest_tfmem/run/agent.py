@@ -6,21 +6,22 @@ It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -
 would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is
 run by its path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest
 into the script's process (13 MiB and a tenth of a second here), and the script's figures
-would include them. Of pytest-tfmem it loads only ``probes/sampler.py``, ``frameworks/tensorflow.py`` (with
-``frameworks/base.py``) and ``probes/fork_sizes.py``, which need nothing but the standard
-library, by their paths. Forks of
+would include them. Of pytest-tfmem it loads only ``probes/sampler.py``, ``probes/fork_sizes.py`` and the
+framework modules (``frameworks/tensorflow.py``, ``jax.py``, ``torch.py``, ``base.py``), which
+need nothing but the standard library, by their paths. Forks of
 the script write their size at the fork into a page beside READINGS (``fork_sizes``), which
 ``tfmem run``'s watchdog reads: what a fork worker grew is then known to the page.
 
 The thread (``tfmem-run-agent``) wakes every ``INTERVAL_S`` and reads, changing nothing the
-script does: where the main thread is (its Python stack), this process's RSS, and, once the
-script has imported TensorFlow and TensorFlow has started its runtime, each device allocator's
-``current`` and ``peak`` (it never starts the runtime itself, so the script can still configure
-its devices). A reading that differs from the last one written (another place in the script's
-own code, RSS moved by 1 MiB or more, an allocator's level changed), or a second after the last
-one, is appended to READINGS as one line of JSON in one ``write``: a kill loses none of what was
-written. When the script ends (by ``SystemExit``, an exception, or falling off its end) a last
-line holds the process's high-water mark (``VmHWM``) and the allocators' peaks.
+script does: where the main thread is (its Python stack), this process's RSS, which frameworks
+have started their runtime (TensorFlow, JAX, PyTorch), and, once TensorFlow has started its
+runtime, each of its device allocators' ``current`` and ``peak`` (it never starts a runtime
+itself, so the script can still configure its devices). A reading that differs from the last one
+written (another place in the script's own code, RSS moved by 1 MiB or more, an allocator's
+level changed), or a second after the last one, is appended to READINGS as one line of JSON in
+one ``write``: a kill loses none of what was written. When the script ends (by ``SystemExit``,
+an exception, or falling off its end) a last line holds the process's high-water mark
+(``VmHWM``) and the allocators' peaks.
 Its cost: one thread, a reading of a few microseconds ten times a second, and a line a reading
 at most (about 200 bytes).
 """
@@ -122,6 +123,11 @@ class Agent:
         self._libraries = _library_prefixes()
         self._main = threading.main_thread().ident or 0
         self._tf_probe = _load_framework("tensorflow")
+        # the frameworks whose runtime the script started (named in each reading), and the rest
+        self._started: list[str] = []
+        self._waiting = [
+            self._tf_probe.TensorFlow(), _load_framework("jax").Jax(), _load_framework("torch").Torch()
+        ]
         self._allocators: list[Any] | None = None
         self._last: dict[str, Any] = {}
         self._written_at = float("-inf")
@@ -156,10 +162,18 @@ class Agent:
                 continue
         return levels
 
+    def _runtimes(self) -> list[str]:
+        """The frameworks whose runtime has started (``TensorFlow``, ``JAX``), in the order seen."""
+        for framework in [f for f in self._waiting if f.runtime_started_elsewhere()]:
+            self._waiting.remove(framework)
+            self._started.append(framework.name)
+        return list(self._started)
+
     def _read(self) -> bool:
         try:
             frame = sys._current_frames().get(self._main)  # noqa: SLF001 - the one way to see another thread's stack
-            reading = {"rss": _rss(), "tf": self._tf_levels(), **where(frame, self._libraries)}
+            reading = {"rss": _rss(), "tf": self._tf_levels(), "runtimes": self._runtimes(),
+                       **where(frame, self._libraries)}
         except Exception:  # the interpreter is shutting down
             return False
         del frame
@@ -167,7 +181,7 @@ class Agent:
         with self._lock:
             last = self._last
             moved = abs(reading["rss"] - last.get("rss", 0)) >= RSS_STEP
-            changed = moved or reading["tf"] != last.get("tf") or reading["stack"] != last.get("stack")
+            changed = moved or any(reading[key] != last.get(key) for key in ("tf", "runtimes", "stack"))
             if changed or time.monotonic() - self._written_at >= HEARTBEAT_S:
                 self._last = reading
                 self._written_at = time.monotonic()

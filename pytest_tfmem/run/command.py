@@ -281,20 +281,22 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
     place_at_peak = agent.place_at(started + peak_at) if agent.readings else None
     tf_peaks = agent.tf_peaks()
     cpu_tf = sum(value for device, value in tf_peaks.items() if device.startswith("CPU"))
-    host_share = max(0, marks.get(pid, 0) - cpu_tf) if tf_peaks else None
+    runtimes = agent.runtimes()
+    host_share = max(0, marks.get(pid, 0) - cpu_tf) if tf_peaks or runtimes else None
     verdicts = summary.budget_verdicts(peak, options.budget, gpu_peaks, options.gpu_budget)
     death = summary.explain_death(result, pid, passed[-1] if passed else None, limit, agent)
     exit_code = summary.shell_exit_code(result.returncode)
     if exit_code == 0 and verdicts:
         exit_code = EXIT_OVER_BUDGET
-    before_tf = agent.rss_when_tf_started()
-    host_data = None if host_share is None or before_tf is None else max(0, host_share - before_tf)
-    advice = summary.advise(peak, host_data, tf_peaks, agent.place_at_tf_peak())
+    before_runtime = agent.rss_when_started()
+    host_data = None if host_share is None or before_runtime is None else max(0, host_share - before_runtime)
+    advice = summary.advise(peak, host_data, tf_peaks, agent.place_at_tf_peak(), runtimes)
     return summary.RunSummary(
         command=target.label, kind=target.kind, returncode=result.returncode, exit_code=exit_code,
         duration_s=result.elapsed_s, peak=peak, high_water_marks=marks, script_pid=pid,
         sampled_peak=result.peak_rss, interval_s=options.watch_interval_s, tf_peaks=tf_peaks, host_share=host_share,
         gpu_peaks=gpu_peaks, budget=options.budget, kill_at=options.kill_at, gpu_budget=options.gpu_budget,
-        verdicts=tuple(verdicts), death=death, place_at_peak=place_at_peak,        advice=tuple(advice),
+        verdicts=tuple(verdicts), death=death, place_at_peak=place_at_peak, advice=tuple(advice),
+        runtimes=tuple(runtimes),
         timeline=result.timeline, tf_timeline=agent.tf_timeline(started),
     )

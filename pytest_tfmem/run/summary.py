@@ -119,13 +119,18 @@ class AgentView:
                 best, place = total, Place.from_reading(reading)
         return place
 
-    def rss_when_tf_started(self) -> int | None:
-        """The script's RSS outside TensorFlow's CPU allocator when the agent first saw TF's
-        runtime started: what the imports and anything before them took (``None`` if no reading
-        with both was made: the exit line has no RSS)."""
+    def runtimes(self) -> list[str]:
+        """The frameworks whose runtime the script started (``TensorFlow``, ``JAX``), in order."""
+        names = (name for reading in self.readings for name in reading.get("runtimes", ()))
+        return list(dict.fromkeys(names))
+
+    def rss_when_started(self) -> int | None:
+        """The script's RSS outside TensorFlow's CPU allocator when the agent first saw a
+        framework's runtime started: what the imports and anything before them took (``None`` if
+        no reading with both was made: the exit line has no RSS)."""
         for reading in self.readings:
-            if reading.get("tf") and isinstance(reading.get("rss"), int):
-                in_use = sum(int(c) for device, (c, _) in reading["tf"].items() if device.startswith("CPU"))
+            if (reading.get("tf") or reading.get("runtimes")) and isinstance(reading.get("rss"), int):
+                in_use = sum(int(c) for device, (c, _) in reading.get("tf", {}).items() if device.startswith("CPU"))
                 return int(reading["rss"]) - in_use
         return None
 
@@ -144,7 +149,9 @@ def _well_formed(entry: dict[str, Any]) -> bool:
         for value in tf.values()
     )
     timed = isinstance(entry.get("time"), (int, float)) or entry.get("event") not in ("reading", "exit")
-    return devices_ok and timed and isinstance(entry.get("stack", []), list)
+    runtimes = entry.get("runtimes", [])
+    runtimes_ok = isinstance(runtimes, list) and all(isinstance(name, str) for name in runtimes)
+    return devices_ok and timed and runtimes_ok and isinstance(entry.get("stack", []), list)
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,7 @@ class RunSummary:
     advice: tuple[str, ...]
     timeline: list[tuple[float, int]] = field(default_factory=list)
     tf_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    runtimes: tuple[str, ...] = ()  # the frameworks whose runtime the script started
 
     def lines(self) -> list[str]:
         """The few lines printed at the end."""
@@ -213,6 +221,10 @@ class RunSummary:
             devices = ", ".join(f"{device} {format_size(peak)}" for device, peak in sorted(self.tf_peaks.items()))
             host = f"; host share (NumPy, Python, libraries) {format_size(self.host_share)}" if self.host_share else ""
             lines.append(f"  TensorFlow allocator peaks: {devices}{host}")
+        started = [name for name in self.runtimes if name != "TensorFlow"]
+        if started:
+            host = f"; host share (NumPy, Python, libraries, their arrays) {format_size(self.host_share)}"
+            lines.append(f"  {' and '.join(started)} started{host if self.host_share else ''}")
         if self.gpu_peaks:
             lines.append("  GPU (NVML, sampled): " + ", ".join(
                 f"{device} {format_size(peak)}" for device, peak in sorted(self.gpu_peaks.items())))
@@ -253,21 +265,26 @@ def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | Non
     return Death(pid, sig.name, sender, cause, result.last_rss, limit.bytes, limit.source, place)
 
 
-def advise(peak: int, host_data: int | None, tf_peaks: dict[str, int], at_tf_peak: Place | None) -> list[str]:
-    """Advice where the figures are clear, for a script that uses TensorFlow; nothing otherwise.
+def advise(peak: int, host_data: int | None, tf_peaks: dict[str, int], at_tf_peak: Place | None,
+           runtimes: list[str]) -> list[str]:
+    """Advice where the figures are clear, for a script that uses a framework (``runtimes``: those
+    whose runtime it started); nothing otherwise.
 
-    ``host_data``: the host share beyond what the script held when TensorFlow's runtime started
-    (its imports, TensorFlow's ~600 MiB included, are not data). When that dominates the peak and
-    is more than twice TensorFlow's allocator peaks: stream the data. When TensorFlow's
+    ``host_data``: the host share beyond what the script held when the first framework's runtime
+    started (its imports, TensorFlow's ~600 MiB included, are not data). When that dominates the
+    peak and is more than twice TensorFlow's allocator peaks: stream the data. When TensorFlow's
     allocators dominate and their peak was reached in ``fit``: the batch size.
     """
     advice = []
     tf_total = sum(tf_peaks.values())
     dominant = max(DOMINANT_SHARE * peak, ADVICE_MINIMUM)
-    if tf_peaks and host_data is not None and host_data >= max(0.4 * peak, ADVICE_MINIMUM) and host_data > 2 * tf_total:
+    used = runtimes or (["TensorFlow"] if tf_peaks else [])
+    if used and host_data is not None and host_data >= max(0.4 * peak, ADVICE_MINIMUM) and host_data > 2 * tf_total:
+        outside = "outside TensorFlow's allocator " if tf_peaks else ""
+        streams = "tf.data" if used[0] == "TensorFlow" else "a keras.utils.PyDataset or tf.data"
         advice.append(
-            f"{format_size(host_data)} of the peak is data outside TensorFlow's allocator (NumPy arrays, Python "
-            f"objects) taken after TensorFlow started; stream it in batches with tf.data instead of loading it whole "
+            f"{format_size(host_data)} of the peak is data {outside}(NumPy arrays, Python objects) taken after "
+            f"{used[0]} started; stream it in batches with {streams} instead of loading it whole "
             f"(see {SCENARIOS}, \"Large dataset\")"
         )
     if tf_total >= dominant and at_tf_peak is not None and at_tf_peak.training:

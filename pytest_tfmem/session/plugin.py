@@ -190,10 +190,10 @@ class SessionBooks:
             Booking(IMPORT, booked.module, "first import", booked.host_bytes)
             for booked in manager(self.config).imports.since(self._span.import_mark)
         ]
-        before_clearing = None
+        before_clearing, cleared_by = None, []
         if self.clear_session:
             before_clearing = self._read()
-            frameworks.clear()
+            cleared_by = frameworks.clear()
         weighed = _Weighed()
         level = self._read(functools.partial(self._what_stayed, item, self._span, weighed))
         span, self._span = self._span, None
@@ -208,7 +208,7 @@ class SessionBooks:
         cleared = None if before_clearing is None else before_clearing.held - level.held
         record.retained = Retained(
             span.before, level, tuple(span.bookings), self._seq, processes.process_label(self.config),
-            weighed.stayed, cleared, weighed.named_bytes,
+            weighed.stayed, cleared, weighed.named_bytes, tuple(cleared_by),
         )
         tfmem.last_boundary = Boundary(item.nodeid, level, record.retained)
         verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]

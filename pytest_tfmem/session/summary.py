@@ -59,6 +59,8 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
         tests = sum(len(process.tests) for process in account.processes)
         lines.append(f"--tfmem-clear-session gave back {format_size(max(cleared, 0))} over {tests} tests"
                      + (f" (the level rose {format_size(-cleared)} while clearing)" if cleared < 0 else ""))
+        if account.cleared_by:
+            lines.append("  after each test: " + ", ".join(account.cleared_by))
     if grew or always:
         lines += native_lines(account)
     return lines
