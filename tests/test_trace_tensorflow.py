@@ -7,21 +7,13 @@ No tracing option is given: once TensorFlow is loaded, ``on-failure`` is the def
 
 from __future__ import annotations
 
-import contextlib
-import gzip
 import json
-import socket
-import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from trace_helpers import TracedRun, read_scalars, run_pytest
+from trace_helpers import TracedRun, get, read_scalars, run_pytest, tensorboard, wait_for
 
 KERAS_TESTS = """
 import numpy as np
@@ -134,56 +126,6 @@ def test_the_timeline_has_host_and_tensorflow_allocator_scalars(keras_run: Trace
     steps = [step for step, _ in scalars["memory/tf_CPU:0_mib"]]
     assert steps == sorted(steps) and steps[0] == 0 and len(steps) > 10  # milliseconds, sampled every 10
     assert max(value for _, value in scalars["memory/tf_CPU:0_mib"]) >= 32  # MiB
-
-
-def get(url: str) -> Any:
-    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        body = response.read()
-        if response.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-    return json.loads(body)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def tensorboard(logdir: Path, log: Path) -> Iterator[str]:
-    """A real TensorBoard (with the profile plugin) on 127.0.0.1; stopped on exit."""
-    port = free_port()
-    with open(log, "wb") as output:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=output, stderr=subprocess.STDOUT,
-        )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=15)
-
-
-def wait_for(read: Any, ready: Any, what: str, log: Path, timeout: float = 120) -> Any:
-    """Poll ``read()`` until ``ready(value)``; fail with the server's log after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = read()
-            if ready(value):
-                return value
-        except OSError:  # not listening yet
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"TensorBoard did not show {what} within {timeout} s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
 
 
 @pytest.mark.slow

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tensorboard.compat.proto import event_pb2
 from tensorboard.util import tensor_util
 
@@ -79,3 +86,56 @@ def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
                 assert value.metadata.plugin_data.plugin_name == "scalars"
             series.setdefault(value.tag, []).append((event.step, float(tensor_util.make_ndarray(value.tensor))))
     return series
+
+
+# A real TensorBoard on loopback, read through its data endpoints
+
+
+def get(url: str) -> Any:
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    return json.loads(body)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tensorboard(logdir: Path, log: Path) -> Iterator[str]:
+    """A real TensorBoard (with the profile plugin) on 127.0.0.1; stopped on exit."""
+    port = free_port()
+    with open(log, "wb") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=output, stderr=subprocess.STDOUT,
+        )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=15)
+
+
+def wait_for(read: Any, ready: Any, what: str, log: Path, timeout: float = 120) -> Any:
+    """Poll ``read()`` until ``ready(value)``; fail with the server's log after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = read()
+            if ready(value):
+                return value
+        except OSError:  # not listening yet
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"TensorBoard did not show {what} within {timeout} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
