@@ -255,7 +255,9 @@ def test_pytorch_on_cpu_runtime_start_tensors_kept_and_its_profiler(tmp_path: Pa
     (summary_path,) = (tmp_path / ".tfmem" / "traces").glob("*/test_torch.py__test_over_budget/summary.json")
     profiler = json.loads(summary_path.read_text())["profiler"]
     assert profiler["status"] == "captured" and profiler["message"].startswith("PyTorch profiler trace"), profiler
-    assert list(summary_path.parent.glob("*.pt.trace.json*"))
+    (trace,) = summary_path.parent.glob("*.pt.trace.json")
+    memory = [event for event in json.loads(trace.read_text())["traceEvents"] if event.get("name") == "[memory]"]
+    assert max(event["args"]["Bytes"] for event in memory) == 48 * MIB  # the test's block, allocated
 
 
 JAX_SCRIPT = """
@@ -312,3 +314,27 @@ def test_tensorboard_shows_the_jax_trace_in_its_profile_plugin(runs: dict[str, R
         points = get(f"{url}/data/plugin/scalars/scalars?run={urllib.parse.quote(tb_run, safe='')}"
                      f"&tag={urllib.parse.quote('memory/host_rss_mib', safe='')}")
         assert max(value for _, _, value in points) - min(value for _, _, value in points) >= 40  # the 48 MiB block
+
+
+DEVICE_OOM = """
+    import jax.numpy as jnp
+
+
+    def test_asks_jax_for_four_tebibytes():
+        jnp.ones((2**42,), dtype=jnp.uint8).block_until_ready()
+"""
+
+
+def test_a_jax_device_out_of_memory_error_fails_as_device_out_of_memory(tmp_path: Path):
+    """A real one: JAX's CPU client refuses 4 TiB with ``RESOURCE_EXHAUSTED``."""
+    (tmp_path / "test_oom.py").write_text(textwrap.dedent(DEVICE_OOM))
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_oom.py", "--tfmem-budget=1GB",
+         "--tfmem-trace=off"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert "tfmem: out of memory on an unknown device: JAX's allocator could not allocate 4096.0 GiB" in lines, done.stdout
+    assert "JAX: RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes." in lines
+    assert "FAILED test_oom.py::test_asks_jax_for_four_tebibytes - pytest_tfmem.errors.De" in done.stdout

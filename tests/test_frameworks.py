@@ -14,6 +14,7 @@ import pytest
 
 from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
+from pytest_tfmem.core.oom import parse_oom
 from pytest_tfmem.core.verdict import view_label
 from pytest_tfmem.frameworks.jax import JaxDevice
 from pytest_tfmem.frameworks.torch import CudaAllocator
@@ -139,3 +140,10 @@ def test_a_framework_another_library_loaded_is_not_started(monkeypatch: pytest.M
     assert frameworks.in_use(jax, {"jax"})  # a test's own ``import jax``
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     assert frameworks.in_use(jax, set())
+
+
+def test_jax_and_pytorch_out_of_memory_messages_give_the_size_asked_for():
+    torch = parse_oom("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB", "PyTorch")
+    assert (torch.requested_bytes, torch.tensor(), torch.framework) == (2 * 2**30, "2.0 GiB", "PyTorch")
+    jax = parse_oom("RESOURCE_EXHAUSTED: Out of memory allocating 1073741824 bytes.", "JAX")
+    assert jax.requested_bytes == 2**30 and jax.message == "RESOURCE_EXHAUSTED: Out of memory allocating 1073741824 bytes."

@@ -1,4 +1,4 @@
-"""TensorFlow's out-of-memory error, read and retold as a tfmem failure.
+"""A framework's device out-of-memory error, read and retold as a tfmem failure.
 
 TensorFlow raises ``tf.errors.ResourceExhaustedError`` whose message, for an allocation
 that failed, reads like::
@@ -9,7 +9,9 @@ that failed, reads like::
 
 ``parse_oom`` takes out the device, the allocator, the shape and type (hence the size
 requested) and the op; ``describe_oom`` adds the allocator's limit and the test's peak.
-Messages in other forms (``failed to allocate memory``) keep what can be found.
+Messages in other forms (``failed to allocate memory``) keep what can be found, the size asked
+for among it: JAX's ``RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes.``,
+PyTorch's ``CUDA out of memory. Tried to allocate 2.00 GiB``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ _DEVICE = re.compile(r"device:(?P<device>[A-Z_]+:\d+)")
 _ALLOCATOR = re.compile(r"by allocator (?P<allocator>[\w.]+)")
 _OP = re.compile(r"\[Op:(?P<op>[^\]\s]+)")
 _FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")  # where an eager op ran: noise here
+_BYTES_ASKED = re.compile(r"allocating (?P<bytes>\d+) bytes")  # JAX's (XLA's)
+_SIZE_ASKED = re.compile(r"Tried to allocate (?P<number>[\d.]+) (?P<unit>[KMGT]i?B|B)")  # PyTorch's
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 2**10, "MB": 2**20, "GB": 2**30}
 
 # Bytes per element of TensorFlow's type names (DataTypeString) that a tensor can have.
 _DTYPE_BYTES = {
@@ -55,24 +60,26 @@ class OutOfMemory:
     shape: tuple[int, ...] | None
     dtype: str | None
     op: str | None
-    message: str  # TensorFlow's own message: its first line, without the function-node prefix
+    message: str  # the framework's own message: its first line, without the function-node prefix
+    framework: str = "TensorFlow"
+    asked_bytes: int | None = None  # the size the message names, where it names no tensor
 
     @property
     def requested_bytes(self) -> int | None:
         if self.shape is None or self.dtype not in _DTYPE_BYTES:
-            return None
+            return self.asked_bytes
         return math.prod(self.shape) * _DTYPE_BYTES[self.dtype]
 
     def tensor(self) -> str:
         """``a tensor of shape [4096,8192] and type float (128.0 MiB)``, or what is known of it."""
         if self.shape is None:
-            return "memory"
+            return "memory" if self.asked_bytes is None else format_size(self.asked_bytes)
         text = f"a tensor of shape [{','.join(map(str, self.shape))}] and type {self.dtype}"
         size = self.requested_bytes
         return f"{text} ({format_size(size)})" if size is not None else text
 
 
-def parse_oom(message: str) -> OutOfMemory:
+def parse_oom(message: str, framework: str = "TensorFlow") -> OutOfMemory:
     allocation = _ALLOCATION.search(message)
     device_match = _DEVICE.search(allocation.group("device") if allocation else message)
     allocator = allocation.group("allocator") if allocation else None
@@ -88,6 +95,11 @@ def parse_oom(message: str) -> OutOfMemory:
     op = _OP.search(message)
     first_line = next((line.strip() for line in message.splitlines() if line.strip()), "")
     first_line = _FUNCTION_NODE.sub("", first_line).removesuffix(" name:")
+    asked = None
+    if (found_bytes := _BYTES_ASKED.search(message)) is not None:
+        asked = int(found_bytes.group("bytes"))
+    elif (found_size := _SIZE_ASKED.search(message)) is not None:
+        asked = int(float(found_size.group("number")) * _UNITS[found_size.group("unit")])
     return OutOfMemory(
         device=device_match.group("device") if device_match else None,
         allocator=allocator,
@@ -95,6 +107,8 @@ def parse_oom(message: str) -> OutOfMemory:
         dtype=allocation.group("dtype") if allocation else None,
         op=op.group("op") if op else None,
         message=first_line,
+        framework=framework,
+        asked_bytes=asked,
     )
 
 
@@ -117,7 +131,7 @@ def describe_oom(
 ) -> str:
     """The failure message: what failed where, the limit, the test's peak, the trace."""
     device = oom.device or "an unknown device"
-    allocator = f"allocator {oom.allocator}" if oom.allocator else "TensorFlow's allocator"
+    allocator = f"allocator {oom.allocator}" if oom.allocator else f"{oom.framework}'s allocator"
     first = f"tfmem: out of memory on {device}: {allocator} could not allocate {oom.tensor()}"
     if oom.op:
         first += f" for op {oom.op}"
@@ -127,7 +141,7 @@ def describe_oom(
                      f"({describe_views(measurement)})")
     if trace_directory:
         lines.append(f"tfmem: trace: {trace_directory}")
-    lines.append(f"TensorFlow: {oom.message}")
+    lines.append(f"{oom.framework}: {oom.message}")
     return "\n".join(lines)
 
 

@@ -136,8 +136,8 @@ BUDGET = Option("budget", f"peak memory budget for every test; {SIZE_FORMS}", pa
 TOP = Option("top", "rows in the terminal summary of the heaviest tests (default 10)", parse_positive_int, 10)
 TF_WARMUP = Option(
     "tf_warmup",
-    "start TensorFlow's runtime before the first measured test, so its start-up memory is not "
-    "charged to whichever test runs first (default true)",
+    "start the runtime of each framework in use (TensorFlow, JAX, PyTorch) before the first measured "
+    "test, so its start-up memory is not charged to whichever test runs first (default true)",
     parse_bool,
     True,
 )

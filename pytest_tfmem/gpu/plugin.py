@@ -109,28 +109,32 @@ def pytest_configure(config: pytest.Config) -> None:
 # -- checks --------------------------------------------------------------------------------
 
 
-def device_oom_message(error: BaseException | None) -> str | None:
-    """The message of a framework's device out-of-memory error (TensorFlow's
-    ``ResourceExhaustedError``, PyTorch's ``OutOfMemoryError``, JAX's ``RESOURCE_EXHAUSTED``)."""
+def device_oom(error: BaseException | None) -> oom.OutOfMemory | None:
+    """A framework's device out-of-memory error, read (TensorFlow's ``ResourceExhaustedError``,
+    PyTorch's ``OutOfMemoryError``, JAX's ``RESOURCE_EXHAUSTED``); ``None`` for any other error."""
     if error is None:
         return None
-    return next((m for f in frameworks.loaded() if (m := f.device_oom_message(error)) is not None), None)
+    for framework in frameworks.loaded():
+        message = framework.device_oom_message(error)
+        if message is not None:
+            return oom.parse_oom(message, framework.name)
+    return None
 
 
 def pytest_tfmem_check(item: pytest.Item, record: TestRecord, error: BaseException | None) -> Verdict | None:
     """A framework's device out-of-memory error from the test, as a verdict (unless the test expects it)."""
-    message = device_oom_message(error)
-    if message is None or error is None or _expects(item, error):
+    found = device_oom(error)
+    if found is None or error is None or _expects(item, error):
         return None
     limit = item.config.stash.get(APPLIED_LIMIT, None)
-    record.extra[oom.CHECK] = oom.record_section(oom.parse_oom(message), limit)
-    return _oom_verdict(item.config, message, record, None)
+    record.extra[oom.CHECK] = oom.record_section(found, limit)
+    return _oom_verdict(item.config, found, record, None)
 
 
-def _oom_verdict(config: pytest.Config, message: str, record: TestRecord, trace: str | None) -> Verdict:
-    """The failed device-OOM verdict for the error's ``message`` (``trace``: the test's trace
+def _oom_verdict(config: pytest.Config, found: oom.OutOfMemory, record: TestRecord, trace: str | None) -> Verdict:
+    """The failed device-OOM verdict for the error ``found`` (``trace``: the test's trace
     directory, which the message points to)."""
-    found, limit = oom.parse_oom(message), config.stash.get(APPLIED_LIMIT, None)
+    limit = config.stash.get(APPLIED_LIMIT, None)
     return Verdict(oom.CHECK, False, oom.describe_oom(found, record.measurement, limit, trace))
 
 
@@ -328,7 +332,7 @@ class TfmemGpu:
                 raise
             traced = TraceHandoff.of(record)
             trace = traced.shown_directory if traced is not None else None
-            refined = _oom_verdict(self.config, device_oom_message(error) or str(error), record, trace)
+            refined = _oom_verdict(self.config, device_oom(error) or oom.parse_oom(str(error)), record, trace)
             record.verdicts[record.verdicts.index(verdict)] = refined
             publish(item, record)
             failure = DeviceOutOfMemory(refined.message)
