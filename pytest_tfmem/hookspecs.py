@@ -4,7 +4,7 @@ Everything else a feature tells the core is a declaration or a registration, not
 ``docs/development.md``, "How a feature plugs in"): its marker keywords and measuring markers
 are a module constant ``TFMEM_DECLARATIONS`` (``core.features``); what one feature provides
 for another (a test's known peak, more peak trackers, TensorFlow's device set-up) it registers
-with the manager (``manager(config).known_peak``, ``.tracker_sources``, ``.tensorflow_setups``).
+with the manager (``manager(config).known_peak``, ``.tracker_sources``, ``.runtime_setups``).
 """
 
 from __future__ import annotations

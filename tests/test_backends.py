@@ -116,12 +116,13 @@ class Run:
         return self.entry(name)["measurement"]["peak"]
 
 
-def _start(folder: Path, *args: str, one_arena: bool = False) -> subprocess.Popen[str]:
+def _start(folder: Path, *args: str, quiet: bool = False) -> subprocess.Popen[str]:
     environment = {**os.environ, "KERAS_BACKEND": "jax"}
-    if one_arena:  # glibc gives each thread that allocates an arena of its own: which of XLA's
-        # threads do depends on scheduling and differs in a fork, 0-14 MiB of a 45 MiB fit here
-        # that has nothing to do with which test started JAX's runtime
-        environment["MALLOC_ARENA_MAX"] = "1"
+    if quiet:  # glibc gives each thread that allocates an arena of its own, and which of XLA's
+        # threads allocate depends on scheduling and differs in a fork: 0-14 MiB of a 45 MiB fit
+        # on a busy machine that has nothing to do with which test started JAX's runtime. One
+        # arena and XLA's CPU work on one thread keep the runs comparable.
+        environment.update(MALLOC_ARENA_MAX="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *args,
          "--tfmem-report=report.json"],
@@ -149,7 +150,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
             folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
             (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
             (folder / "test_order.py").write_text(textwrap.dedent(ORDER))
-            started[name] = (folder, _start(folder, *plans[name], one_arena=name not in ("suite", "cleared")))
+            started[name] = (folder, _start(folder, *plans[name], quiet=name not in ("suite", "cleared")))
         for name, (folder, process) in started.items():
             output, _ = process.communicate(timeout=600)
             done[name] = Run(folder, process.returncode, output, json.loads((folder / "report.json").read_text()))

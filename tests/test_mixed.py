@@ -87,17 +87,33 @@ def reference(path: Path, test: str) -> float:
     return json.loads(completed.stdout.strip().splitlines()[-1])["peak"] / MIB
 
 
+MEASURED = ("test_mixed", "test_freed_first")
+# -k expressions that select the test alone ("test_mixed" is in the module's name too)
+ALONE = {"test_mixed": "test_mixed and not heavier and not freed", "test_freed_first": "test_freed_first"}
+
+
+@pytest.fixture(scope="module")
+def orders(mixed_file: Path) -> dict[str, dict[str, float]]:
+    """Each order's session, shared by both measured tests (each comes after the heavier test,
+    and the second after the first as well): ``{order: {test: MiB}}``."""
+    both = " or ".join(MEASURED)
+    return {
+        **{f"alone ({test})": peaks(mixed_file, "-k", ALONE[test]) for test in MEASURED},
+        "after a heavier TensorFlow test": peaks(mixed_file, "-k", f"heavier_tensorflow or {both}"),
+        "after a heavier NumPy test": peaks(mixed_file, "-k", f"heavier_numpy or {both}"),
+        "under -n 2": peaks(mixed_file, "-n", "2"),
+        "isolated, after a heavier TensorFlow test": peaks(mixed_file, "-k", f"heavier_tensorflow or {both}",
+                                                           "--tfmem-isolate"),
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("test", "needed"), [("test_mixed", 400), ("test_freed_first", 200)])
-def test_one_figure_alone_after_heavier_tests_and_under_xdist(mixed_file: Path, test: str, needed: int) -> None:
-    figures = {
-        "alone": peaks(mixed_file, "-k", test)[test],
-        "after a heavier TensorFlow test": peaks(mixed_file, "-k", f"heavier_tensorflow or {test}")[test],
-        "after a heavier NumPy test": peaks(mixed_file, "-k", f"heavier_numpy or {test}")[test],
-        "under -n 2": peaks(mixed_file, "-n", "2")[test],
-        "isolated, after a heavier TensorFlow test": peaks(mixed_file, "-k", f"heavier_tensorflow or {test}",
-                                                           "--tfmem-isolate")[test],
-    }
+def test_one_figure_alone_after_heavier_tests_and_under_xdist(
+    mixed_file: Path, orders: dict[str, dict[str, float]], test: str, needed: int
+) -> None:
+    figures = {order: peaks_of_order[test] for order, peaks_of_order in orders.items() if test in peaks_of_order}
+    assert len(orders[f"alone ({test})"]) == 1
     fresh = reference(mixed_file, test)
     assert abs(fresh - needed) <= 0.1 * needed, fresh  # the body needs what it says
     for order, figure in figures.items():

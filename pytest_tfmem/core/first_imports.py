@@ -3,11 +3,11 @@
 The first ``import tensorflow`` in the process costs ~580 MiB; whichever test does it would read
 that much more than the same test after another one imported TensorFlow. While a first import
 runs (``probes.imports``), the open windows leave it out: its peak and what it kept count in no
-view, and the test's section names it instead. When the import loaded TensorFlow, its runtime is
-started inside the span too (``TfmemManager.prepare_tensorflow``, the device configuration hook
-first), as it is before the first test where TensorFlow was loaded earlier, and the TensorFlow
-views open for the rest of the window: a test that imports TensorFlow reads what it reads when
-another test imported it first.
+view, and the test's section names it instead. When the import loaded a framework in use
+(TensorFlow, JAX, PyTorch), its runtime is started inside the span too
+(``TfmemManager.prepare_frameworks``, the device configuration hook first), as it is before the
+first test where the framework was loaded earlier, and its views open for the rest of the window:
+a test that imports TensorFlow reads what it reads when another test imported it first.
 """
 
 from __future__ import annotations

@@ -110,6 +110,7 @@ class TfmemManager:
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
         self._measure_all: bool | None = None
         self._prepared: set[str] = set()  # the frameworks whose runtime was prepared (by module)
+        self._named_by_module: dict[tuple[int, int], set[str]] = {}  # a test module's named modules
         self.collector = Collector(host.current_rss)
         self.subtests = SubtestWindows(self.trackers)
         self.first_reruns = attempts.FirstReruns()
@@ -199,7 +200,12 @@ class TfmemManager:
             return []
         named = {imported.split(".", 1)[0]} if imported else set()
         namespace = instance_dict(getattr(item, "module", None)) if item is not None else None
-        named |= frameworks.named_modules(namespace) if namespace is not None else set()
+        if namespace is not None:
+            # asked at every test while a loaded framework is not in use: read once per module state
+            key = (id(namespace), len(namespace))
+            if key not in self._named_by_module:
+                self._named_by_module[key] = frameworks.named_modules(namespace)
+            named |= self._named_by_module[key]
         prepared = []
         for framework in loaded:
             if not frameworks.in_use(framework, named):

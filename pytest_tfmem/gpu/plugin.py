@@ -1,20 +1,21 @@
-"""GPU and device memory: GPU budgets, TensorFlow's GPU set-up, NVML views, OOM as a failure.
+"""GPU and device memory: GPU budgets, the frameworks' GPU set-up, NVML views, OOM as a failure.
 
 - ``--tfmem-gpu-budget`` / ``tfmem(gpu_budget=...)``: a test's peak GPU memory need, read
-  from TensorFlow's GPU allocators (``tf:GPU:N`` views) or, without them (PyTorch, CuPy),
-  from NVML (``nvml:N``). GPU views never count towards the host ``peak``.
+  from the frameworks' GPU views (``tf:GPU:N``, ``jax:gpu:N``, ``torch:cuda:N``) or, without
+  them (CuPy), from NVML (``nvml:N``). GPU views never count towards the host ``peak``.
 - Once any GPU option is given (on the command line or in the ini file; see
-  ``gpu_options_given``), ``TF_FORCE_GPU_ALLOW_GROWTH=true`` is set when pytest starts, the
-  earliest moment, so TensorFlow takes GPU memory as needed instead of nearly all of it, and
-  NVML's numbers mean something; the session header says so. ``--tfmem-gpu-memory-growth=false``
-  leaves the variable alone, and so does a value the user set. Without a GPU option the
-  environment is not touched. The variable also works together with a memory limit, which
-  ``set_memory_growth`` does not.
-- ``--tfmem-gpu-limit``: a logical device memory limit on every GPU, set (registered with the
-  manager's ``tensorflow_setups``) before TensorFlow initialises its devices.
-  If it has already initialised them, a ``TfmemDeviceWarning`` says the setting was not applied.
-- A ``tf.errors.ResourceExhaustedError`` escaping a measured test becomes a
-  ``DeviceOutOfMemory`` failure naming device, allocator, tensor, limit and peak (``oom.py``).
+  ``gpu_options_given``), each framework's GPU variables are set when pytest starts, the
+  earliest moment (``TF_FORCE_GPU_ALLOW_GROWTH=true``, ``XLA_PYTHON_CLIENT_PREALLOCATE=false``),
+  so TensorFlow and JAX take GPU memory as needed instead of most of it, and NVML's numbers mean
+  something; the session header says so. ``--tfmem-gpu-memory-growth=false`` leaves them alone,
+  and so does a value the user set. Without a GPU option the environment is not touched.
+- ``--tfmem-gpu-limit``: each framework's limit on every GPU (TensorFlow's logical device memory
+  limit, PyTorch's memory fraction), set (registered with the manager's ``runtime_setups``)
+  before the framework starts its runtime. Where that is too late, or the framework cannot take
+  one (JAX), a ``TfmemDeviceWarning`` says the setting was not applied.
+- A framework's device out-of-memory error escaping a measured test (TensorFlow's
+  ``ResourceExhaustedError``, JAX's ``RESOURCE_EXHAUSTED``, PyTorch's ``OutOfMemoryError``)
+  becomes a ``DeviceOutOfMemory`` failure naming device, allocator, size, limit and peak (``oom.py``).
 """
 
 from __future__ import annotations
