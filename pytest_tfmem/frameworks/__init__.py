@@ -141,10 +141,10 @@ def clear_keras_sessions() -> list[str]:
 
 def clear() -> list[str]:
     """What a conftest file's clean-up fixture does after each test, on every backend: every
-    loaded Keras's ``clear_session()``, then each loaded framework's own caches; what was done,
+    loaded Keras's ``clear_session()``, then each started framework's own caches; what was done,
     with its cost where it has one (``jax.clear_caches() (each function JAX compiled is ...)``)."""
     cleared = clear_keras_sessions()
-    for framework in loaded():
+    for framework in started():  # a framework loaded but never started holds nothing to clear
         cost = f" ({framework.clear_cost})" if framework.clear_cost else ""
         cleared += [f"{action}{cost}" for action in framework.clear()]
     return cleared

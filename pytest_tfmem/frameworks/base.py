@@ -21,6 +21,7 @@ class Holder:
     name: str  # "JAX compiled executables"
     count: int
     bytes: int | None = None
+    unit: str = ""  # what is counted, where the name does not say: "functions"
 
 
 class DeviceView(Protocol):

@@ -182,7 +182,7 @@ class TensorFlow:
 
     def holders(self) -> list[Holder]:
         names = function_library_names()
-        return [] if names is None else [Holder(LIBRARY_HOLDER, len(names))]
+        return [] if names is None else [Holder(LIBRARY_HOLDER, len(names), unit="functions")]
 
     def clear(self) -> list[str]:
         """TensorFlow's default graph reset (Keras's ``clear_session`` is ``frameworks.clear``'s)."""

@@ -46,6 +46,9 @@ def instance_dict(value: object) -> dict[str, Any] | None:
 # Array types whose ``nbytes`` is their buffer's size, by the top-level module of the type: their
 # own code (a C getter, or a property of the framework's), safe to call. Nothing is imported.
 ARRAY_MODULES = ("numpy", "jax", "jaxlib", "torch", "tensorflow", "cupy")
+# TensorFlow's types that hold their values (a graph's symbolic tensors and specs hold none):
+# sized as their elements times their type's size, having no ``nbytes``.
+TENSORS_WITH_VALUES = ("EagerTensor", "ResourceVariable")
 
 
 def size_of(value: object) -> int:
@@ -55,11 +58,9 @@ def size_of(value: object) -> int:
     ``__sizeof__`` never run, a lazy module imports nothing, ``pytest.mark`` makes no mark."""
     kind = type(value)
     if type_name(kind).split(".", 1)[0] in ARRAY_MODULES:
-        descriptor = inspect.getattr_static(kind, "nbytes", None)
-        try:  # the type's own getter, as found on the type
-            nbytes = descriptor.__get__(value, kind) if hasattr(descriptor, "__get__") else descriptor
-        except Exception:
-            nbytes = None
+        nbytes = _own_attribute(value, kind, "nbytes")
+        if not isinstance(nbytes, int) and _TYPE_QUALNAME.__get__(kind, type) in TENSORS_WITH_VALUES:
+            nbytes = _tensor_bytes(_own_attribute(value, kind, "shape"), _own_attribute(value, kind, "dtype"))
         if isinstance(nbytes, int):
             return nbytes
     sizeof = inspect.getattr_static(kind, "__sizeof__", None)
@@ -69,6 +70,24 @@ def size_of(value: object) -> int:
         return int(object.__sizeof__(value))
     except Exception:
         return 0
+
+
+def _own_attribute(value: object, kind: type, name: str) -> Any:
+    """An attribute through the getter its type defines (an array type's own code), else ``None``."""
+    descriptor = inspect.getattr_static(kind, name, None)
+    try:
+        return descriptor.__get__(value, kind) if hasattr(descriptor, "__get__") else descriptor
+    except Exception:
+        return None
+
+
+def _tensor_bytes(shape: Any, dtype: Any) -> int | None:
+    """``shape.num_elements() * dtype.size`` of a TensorFlow tensor or variable, else ``None``."""
+    try:
+        elements, size = shape.num_elements(), dtype.size
+    except Exception:
+        return None
+    return elements * size if isinstance(elements, int) and isinstance(size, int) else None
 
 
 def own_types() -> list[type]:

@@ -22,6 +22,7 @@ processes (their figures come back on the reports they send); not in an isolated
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 from collections.abc import Callable, Generator
@@ -51,7 +52,7 @@ from pytest_tfmem.core.retained import (
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import TfmemFailure, failure_for
 from pytest_tfmem.probes import children, host
-from pytest_tfmem.session.stayed import Snapshot, Watcher
+from pytest_tfmem.session.stayed import Snapshot, Stayed, Watcher
 from pytest_tfmem.session.summary import account_lines
 from pytest_tfmem.units import SIZE_FORMS, format_size
 
@@ -113,8 +114,8 @@ class _Span:
 
 @dataclass
 class _Weighed:
-    stayed: tuple[str, ...] = ()  # what stayed after the test, where it left more than the threshold
-    named_bytes: int | None = None  # how much of it the named holders account for
+    stayed: Stayed | None = None  # what stayed after the test, where it left more than the threshold
+    failed: str = ""  # why what stayed could not be read
 
 
 @dataclass
@@ -204,12 +205,15 @@ class SessionBooks:
         if record is None:  # not measured after all (setup failed, skipped)
             return None
         self._seq += 1
-        weighed.stayed = (*still_running(record), *weighed.stayed)
         cleared = None if before_clearing is None else before_clearing.held - level.held
-        record.retained = Retained(
+        retained = Retained(
             span.before, level, tuple(span.bookings), self._seq, processes.process_label(self.config),
-            weighed.stayed, cleared, weighed.named_bytes, tuple(cleared_by),
+            cleared=cleared, cleared_by=tuple(cleared_by),
         )
+        lines = weighed.stayed.lines(retained.bytes) if weighed.stayed is not None else ()
+        lines = (*still_running(record), *((weighed.failed,) if weighed.failed else lines))
+        named = weighed.stayed.named_bytes if weighed.stayed is not None else None
+        record.retained = dataclasses.replace(retained, stayed=lines, named_bytes=named)
         tfmem.last_boundary = Boundary(item.nodeid, level, record.retained)
         verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]
         record.verdicts += verdicts
@@ -230,13 +234,11 @@ class SessionBooks:
         host.return_freed_heap()
         now = self._pool.level(current_level(), keep=False)
         booked = sum(booking.bytes for booking in span.bookings)
-        figure = now.held - span.before.held - booked
-        if figure > threshold:
+        if now.held - span.before.held - booked > threshold:
             try:
-                stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects(), figure)
-                weighed.stayed, weighed.named_bytes = stayed.lines, stayed.named_bytes
+                weighed.stayed = self.watcher.what_stayed(span.snapshot, gc.get_objects())
             except Exception as error:  # the diagnosis must never fail the test
-                weighed.stayed = (f"what stayed could not be read: {error!r}",)
+                weighed.failed = f"what stayed could not be read: {error!r}"
 
     def _limit(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(ARGUMENTS, {})

@@ -59,10 +59,18 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Stayed:
-    """What stayed after a test: ``lines`` to show, and the bytes of the holders they name."""
+    """What stayed after a test: the holders sized in bytes (``sized``, largest first, and their
+    sum ``named_bytes``), and what was counted but not sized (``native``)."""
 
-    lines: tuple[str, ...]
+    sized: tuple[str, ...]
     named_bytes: int
+    native: tuple[str, ...] = ()
+
+    def lines(self, figure: int) -> tuple[str, ...]:
+        """The lines for a test that left ``figure`` bytes: the sized holders, then ``named 9.8
+        of 243.3 MiB; the rest is native memory (...)``."""
+        rest = f"; the rest is native memory ({', '.join(self.native)})" if self.native else ""
+        return (*self.sized, f"named {_share(self.named_bytes, figure)}{rest}")
 
 
 class Watcher:
@@ -109,10 +117,10 @@ class Watcher:
         }
         return Snapshot(len(sys.modules), containers, frameworks.holders(), keras_name_counters())
 
-    def what_stayed(self, before: Snapshot, new_objects: Iterable[Any], figure: int) -> Stayed:
-        """What a test that left ``figure`` bytes left: the holders sized in bytes (containers that
-        grew, new objects, the frameworks' sized holders), largest first, then ``named 9.8 of
-        243.3 MiB; the rest is native memory (...)`` with what was counted but not sized."""
+    def what_stayed(self, before: Snapshot, new_objects: Iterable[Any]) -> Stayed:
+        """What a test left: the holders sized in bytes (containers that grew, new objects, the
+        frameworks' sized holders), and what was counted but not sized (the frameworks' other
+        holders, Keras's name counters, modules imported)."""
         containers, items = self._grown_containers(before)
         sized = containers + self._new_objects(obj for obj in new_objects if id(obj) not in items)  # no double count
         counted: list[tuple[None, str]] = []
@@ -134,11 +142,7 @@ class Watcher:
         if imported:
             more = f", ... ({len(imported) - _SHOWN} more)" if len(imported) > _SHOWN else ""
             counted.append((None, f"modules imported: {len(imported)} ({', '.join(imported[:_SHOWN])}{more})"))
-        named = sum(size for size, _ in sized)
-        lines = [text for _, text in sized]
-        rest = f"; the rest is native memory ({', '.join(text for _, text in counted)})" if counted else ""
-        lines.append(f"named {_share(named, figure)}{rest}")
-        return Stayed(tuple(lines), named)
+        return Stayed(tuple(text for _, text in sized), sum(size for size, _ in sized), tuple(t for _, t in counted))
 
     def _grown_containers(self, before: Snapshot) -> tuple[list[tuple[int, str]], set[int]]:
         """The user's global containers that gained items, with the bytes the new items hold;
@@ -202,7 +206,8 @@ def _holder_growth(before: Holder | None, now: Holder) -> tuple[int | None, str]
     grew_bytes = now.bytes - bytes_before if now.bytes is not None else None
     if added <= 0 and not grew_bytes:
         return None
-    text = f"{now.name} {added:+d} ({count_before} -> {now.count})"
+    unit = f" {now.unit}" if now.unit else ""
+    text = f"{now.name} {added:+d}{unit} ({count_before} -> {now.count})"
     if grew_bytes is None:
         return None, text
     return grew_bytes, f"{text} {format_size(grew_bytes, signed=True)}"
