@@ -116,8 +116,8 @@ class Run:
         return self.entry(name)["measurement"]["peak"]
 
 
-def _start(folder: Path, *args: str, quiet: bool = False) -> subprocess.Popen[str]:
-    environment = {**os.environ, "KERAS_BACKEND": "jax"}
+def _start(folder: Path, *args: str, quiet: bool = False, backend: str = "jax") -> subprocess.Popen[str]:
+    environment = {**os.environ, "KERAS_BACKEND": backend}
     if quiet:  # glibc gives each thread that allocates an arena of its own, and which of XLA's
         # threads allocate depends on scheduling and differs in a fork: 0-14 MiB of a 45 MiB fit
         # on a busy machine that has nothing to do with which test started JAX's runtime. One
@@ -339,3 +339,51 @@ def test_a_jax_device_out_of_memory_error_fails_as_device_out_of_memory(tmp_path
     assert "tfmem: out of memory on an unknown device: JAX's allocator could not allocate 4096.0 GiB" in lines, done.stdout
     assert "JAX: RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 bytes." in lines
     assert "FAILED test_oom.py::test_asks_jax_for_four_tebibytes - pytest_tfmem.errors.De" in done.stdout
+
+
+TORCH_ORDER = """
+    import unittest
+
+    import keras
+    import numpy as np
+    import torch
+
+
+    def test_sum():
+        assert float(torch.arange(1000.0).sum()) == 499500.0
+
+
+    def test_fit():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(np.ones((16, 8), "float32"), np.ones((16, 4), "float32"), epochs=1, verbose=0)
+
+
+    class TestCase(unittest.TestCase):
+        def test_mean(self):
+            self.assertEqual(float(torch.ones(1000).mean()), 1.0)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed (its CPU tests run where it is)")
+def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_first(tmp_path: Path):
+    (tmp_path / "test_order.py").write_text(textwrap.dedent(TORCH_ORDER))
+    plans = {
+        "sum first": (*ORDERS["sum first"], "--tfmem-budget=1GB"),
+        "fit first": (*ORDERS["fit first"], "--tfmem-budget=1GB"),
+        "isolated": (*ORDERS["fit first"], "--tfmem-budget=1GB", "--tfmem-isolate"),
+        "xdist": (*ORDERS["sum first"], "--tfmem-budget=1GB", "-n", "2"),
+    }
+    peaks: dict[str, dict[str, float]] = {}
+    for name, args in plans.items():
+        process = _start(tmp_path, *args, quiet=True, backend="torch")
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, output[-3000:]
+        assert "PyTorch's runtime start" in output or name in ("isolated", "xdist"), output[-3000:]
+        run = Run(tmp_path, process.returncode, output, json.loads((tmp_path / "report.json").read_text()))
+        for test in ("test_sum", "test_fit", "test_mean"):
+            peaks.setdefault(test, {})[name] = run.peak(test)
+    for test, figures in peaks.items():
+        print(test, {order: round(figure / MIB, 1) for order, figure in figures.items()})
+        low, high = min(figures.values()), max(figures.values())
+        assert high - low <= max(10 * MIB, 0.1 * high), (test, figures)
