@@ -7,10 +7,20 @@ framework: each method works on the module user code loaded, found in ``sys.modu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Protocol
+
+
+def imported(name: str) -> ModuleType | None:
+    """A module whose import finished, else ``None``; imports nothing."""
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
 
 
 @dataclass(frozen=True)

@@ -10,27 +10,17 @@ process's lifetime peak and cannot be reset (see ``JaxDevice``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from .base import Holder, ProfilerBusy
+from .base import Holder, ProfilerBusy, imported
 
 MODULE = "jax"
 
 
-def _module(name: str) -> ModuleType | None:
-    """An imported module whose import finished, else ``None``; imports nothing."""
-    module = sys.modules.get(name)
-    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
-        return None
-    return module
-
-
 def _backends() -> dict[str, Any]:
     """JAX's initialised backends (``cpu``, ``cuda``...): empty until its runtime started."""
-    bridge = _module("jax._src.xla_bridge")
+    bridge = imported("jax._src.xla_bridge")
     backends = vars(bridge).get("_backends") if bridge is not None else None
     return dict(backends) if isinstance(backends, dict) else {}
 
@@ -80,7 +70,7 @@ class Jax:
     clear_cost = "each function JAX compiled is compiled again at its next call"
 
     def loaded(self) -> bool:
-        jax = _module(MODULE)
+        jax = imported(MODULE)
         return jax is not None and "devices" in vars(jax)
 
     def runtime_started(self) -> bool:
@@ -92,7 +82,7 @@ class Jax:
     def start_runtime(self) -> None:
         """Create JAX's backends (the CPU client, the XLA compiler), compile one tiny op and draw
         from its random number generator (which every Keras model's initialisers use)."""
-        jax = _module(MODULE)
+        jax = imported(MODULE)
         if jax is None:
             return
         numpy = jax.numpy
@@ -143,23 +133,22 @@ class Jax:
         ]
 
     def clear(self) -> list[str]:
-        jax = _module(MODULE)
+        jax = imported(MODULE)
         if jax is None:
             return []
         jax.clear_caches()
         return ["jax.clear_caches()"]
 
     def start_profiler(self, logdir: Path) -> None:
-        jax = _module(MODULE)
+        jax = imported(MODULE)
         assert jax is not None
-        profiler = _module("jax.profiler") or jax.profiler
         try:
-            profiler.start_trace(str(logdir))
+            jax.profiler.start_trace(str(logdir))
         except RuntimeError as error:  # "Profile has already been started"
             raise ProfilerBusy(str(error)) from error
 
     def stop_profiler(self, logdir: Path) -> list[Path]:
-        jax = _module(MODULE)
+        jax = imported(MODULE)
         assert jax is not None
         jax.profiler.stop_trace()
         return sorted(logdir.glob("plugins/profile/*/*.xplane.pb"))

@@ -9,21 +9,18 @@ live tensors are named among the objects a test kept, by their bytes.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import Holder, ProfilerBusy
+from .base import Holder, ProfilerBusy, imported
 
 MODULE = "torch"
 
 
 def _loaded() -> ModuleType | None:
-    torch = sys.modules.get(MODULE)
-    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
-        return None
-    return torch if "cuda" in vars(torch) else None
+    torch = imported(MODULE)
+    return torch if torch is not None and "cuda" in vars(torch) else None
 
 
 def _cuda_initialized(torch: ModuleType) -> bool:
