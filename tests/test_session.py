@@ -8,10 +8,10 @@ import json
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from report_helpers import Run
 
 MIB = 2**20
 # What a test that keeps nothing may still read: pytest's own reports, a page here and there.
@@ -59,17 +59,6 @@ import numpy as np
 
 DATA = np.ones(30 * 2**20 // 8)
 """
-
-
-@dataclass
-class Run:
-    folder: Path
-    returncode: int
-    output: str
-    report: dict
-
-    def entry(self, name: str) -> dict:
-        return next(t for t in self.report["tests"] if t["nodeid"].endswith("::" + name))
 
 
 def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
