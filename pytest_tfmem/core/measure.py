@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pytest_tfmem import frameworks
-from pytest_tfmem.frameworks.tensorflow import TFAllocator
+from pytest_tfmem.frameworks.base import PooledHostView
 from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.children import ChildrenReading
 from pytest_tfmem.probes.imports import FirstImport
@@ -270,13 +270,24 @@ class Probes:
     _left_out: list[PeakTracker] = field(default_factory=list)
 
     def mixed_sampler(self) -> MixedSampler | None:
-        """The sampler of host and TF CPU memory held at once, where TF's CPU allocator keeps
-        statistics and the host peak is exact (a sampled host view says nothing more)."""
+        """The sampler of host memory and a framework's host pool held at once, where a started
+        framework pools host memory (TensorFlow's CPU allocator) and the host peak is exact (a
+        sampled host view says nothing more)."""
         if self._mixed is None and getattr(self.host.source, "exact", True):
-            cpu = next((t.source for t in self.trackers() if t.source.name == "tf:CPU:0"), None)
-            if isinstance(cpu, TFAllocator):
-                self._mixed = MixedSampler(cpu)
+            pool = self.pooled_host_view()
+            if pool is not None:
+                self._mixed = MixedSampler(pool)
         return self._mixed
+
+    def pooled_host_view(self) -> PooledHostView | None:
+        """The tracked view of host memory a started framework pools (``Framework.pooled_host_view``)."""
+        self.trackers()
+        for framework in frameworks.KNOWN:
+            tracked = self.devices.get(framework.module)
+            pool = framework.pooled_host_view([tracker.source for tracker in tracked]) if tracked else None
+            if pool is not None:
+                return pool
+        return None
 
     def trackers(self) -> list[PeakTracker]:
         for framework in frameworks.KNOWN:

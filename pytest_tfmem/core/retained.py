@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pytest_tfmem.core import measure
-from pytest_tfmem.frameworks.tensorflow import TFAllocator
 from pytest_tfmem.probes import children, host
 from pytest_tfmem.units import format_size
 
@@ -69,11 +68,6 @@ class Level:
         )
 
 
-def _tf_cpu_allocator() -> TFAllocator | None:
-    sources = (tracker.source for tracker in measure.probes().trackers())
-    return next((s for s in sources if isinstance(s, TFAllocator) and s.device == "CPU:0"), None)
-
-
 # The name of the view of the running processes a process started, where a view of them is read
 # beside the process's own (leak checks' levels, traces' timelines).
 CHILDREN_VIEW = "children"
@@ -92,7 +86,7 @@ def running_children() -> frozenset[int]:
 
 def current_level() -> Level:
     """The process now (no collection: see ``read_level``)."""
-    allocator = _tf_cpu_allocator()
+    allocator = measure.probes().pooled_host_view()
     if allocator is None:
         return Level(host.current_rss(), children=children_size())
     allocator.peak()  # the highest level since the last reset counts towards the pool

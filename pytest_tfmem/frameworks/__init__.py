@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import FunctionType, ModuleType
 from typing import Any
 
-from .base import DeviceView, Framework, Holder, ProfilerBusy
+from .base import DeviceView, Framework, Holder, NamedItems, ProfilerBusy
 from .jax import Jax
 from .tensorflow import TensorFlow
 from .torch import Torch
@@ -122,6 +122,19 @@ def holders(frameworks: Sequence[Framework] | None = None) -> dict[str, Holder]:
         except Exception:  # a framework shutting down, or one whose internals moved: say nothing
             continue
     return found
+
+
+def named_items() -> NamedItems | None:
+    """The holder with named items (TensorFlow's function library) of the first started
+    framework that has one."""
+    for framework in started():
+        try:
+            items = framework.named_items()
+        except Exception:  # shutting down, or internals that moved: say nothing
+            continue
+        if items is not None:
+            return items
+    return None
 
 
 def clear_keras_sessions() -> list[str]:

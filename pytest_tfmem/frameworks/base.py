@@ -8,7 +8,7 @@ framework: each method works on the module user code loaded, found in ``sys.modu
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +34,19 @@ class Holder:
     unit: str = ""  # what is counted, where the name does not say: "functions"
 
 
+@dataclass(frozen=True)
+class NamedItems:
+    """The items of a holder whose items have names, counted by kind (a name with its per-copy
+    numbers stripped), so that a leak check can say which kinds grew: TensorFlow's function
+    library, by function."""
+
+    holder: str  # the holder's name: "TF function library"
+    count: int
+    kinds: Mapping[str, int]  # the items that are not traces
+    traces: Mapping[str, int]  # the items that are traces of a function, by the function traced
+    traces_heading: str  # what such traces are called: "tf.function traces"
+
+
 class DeviceView(Protocol):
     """A framework's own figure of one device's memory, read as a peak source (``core.measure``).
     ``name`` is ``<framework>:<device>``: ``tf:CPU:0``, ``jax:gpu:0``, ``torch:cuda:0``."""
@@ -45,6 +58,14 @@ class DeviceView(Protocol):
     def peak(self) -> int: ...
 
     def reset_peak(self) -> None: ...
+
+
+class PooledHostView(DeviceView, Protocol):
+    """A view of host memory the framework serves from a pool of its own, which host RSS
+    includes and which never shrinks (TensorFlow's CPU allocator). ``pool_estimate`` is the
+    highest level in use seen in this process: the pool's size as far as anyone can tell."""
+
+    pool_estimate: int
 
 
 class ProfilerBusy(Exception):
@@ -89,6 +110,11 @@ class Framework(Protocol):
         """One of its views is a GPU's (it counts towards GPU budgets, not the host figure)."""
         ...
 
+    def pooled_host_view(self, views: Sequence[DeviceView]) -> PooledHostView | None:
+        """Of ``views`` (its own, as ``device_views`` gave them), the one of host memory it
+        pools, where it has one."""
+        ...
+
     def view_label(self, name: str) -> str:
         """``tf:CPU:0`` -> ``TF CPU:0 allocator``."""
         ...
@@ -103,6 +129,11 @@ class Framework(Protocol):
 
     def holders(self) -> list[Holder]:
         """What it keeps that holds memory: caches, compiled code, live arrays (cheap to read)."""
+        ...
+
+    def named_items(self) -> NamedItems | None:
+        """Its holder whose items have names, where it has one (dearer than ``holders``: read
+        at a leak check's iterations, not at every test)."""
         ...
 
     def clear(self) -> list[str]:

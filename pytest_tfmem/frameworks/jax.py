@@ -10,10 +10,11 @@ process's lifetime peak and cannot be reset (see ``JaxDevice``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import Holder, ProfilerBusy, imported
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
 
 MODULE = "jax"
 
@@ -105,6 +106,9 @@ class Jax:
     def is_gpu_view(self, name: str) -> bool:
         return name.startswith("jax:") and not name.startswith("jax:cpu")
 
+    def pooled_host_view(self, views: Sequence[DeviceView]) -> None:
+        return None  # JAX keeps no host pool of its own: its CPU arrays are plain host memory
+
     def view_label(self, name: str) -> str:
         return f"JAX {name[4:]} device"
 
@@ -131,6 +135,9 @@ class Jax:
             Holder("JAX compiled executables", len(executables), code or None),
             Holder("live jax.Arrays", len(arrays), sum(int(array.nbytes) for array in arrays)),
         ]
+
+    def named_items(self) -> NamedItems | None:
+        return None  # its holders' items have no names worth following
 
     def clear(self) -> list[str]:
         jax = imported(MODULE)

@@ -8,16 +8,19 @@ reads what the test needed (see README, "What is measured").
 
 from __future__ import annotations
 
+import collections
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import Holder, ProfilerBusy
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy
 
 MODULE = "tensorflow"
 LIBRARY_HOLDER = "TF function library"  # its holder; the leak check also follows it by function name
+TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
 _NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
 
 
@@ -148,6 +151,9 @@ class TensorFlow:
     def is_gpu_view(self, name: str) -> bool:
         return name.startswith("tf:GPU")
 
+    def pooled_host_view(self, views: Sequence[DeviceView]) -> TFAllocator | None:
+        return next((view for view in views if isinstance(view, TFAllocator) and view.device == "CPU:0"), None)
+
     def view_label(self, name: str) -> str:
         return f"TF {name[3:]} allocator"
 
@@ -183,6 +189,20 @@ class TensorFlow:
     def holders(self) -> list[Holder]:
         names = function_library_names()
         return [] if names is None else [Holder(LIBRARY_HOLDER, len(names), unit="functions")]
+
+    def named_items(self) -> NamedItems | None:
+        names = function_library_names()
+        if names is None:
+            return None
+        groups = collections.Counter(map(function_group, names))
+        return NamedItems(
+            LIBRARY_HOLDER,
+            len(names),
+            kinds={name: count for name, count in groups.items() if not name.startswith(TRACE_PREFIX)},
+            traces={name.removeprefix(TRACE_PREFIX): count for name, count in groups.items()
+                    if name.startswith(TRACE_PREFIX)},
+            traces_heading="tf.function traces",
+        )
 
     def clear(self) -> list[str]:
         """TensorFlow's default graph reset (Keras's ``clear_session`` is ``frameworks.clear``'s)."""

@@ -9,11 +9,12 @@ live tensors are named among the objects a test kept, by their bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import Holder, ProfilerBusy, imported
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
 
 MODULE = "torch"
 
@@ -91,6 +92,9 @@ class Torch:
     def is_gpu_view(self, name: str) -> bool:
         return name.startswith("torch:cuda")
 
+    def pooled_host_view(self, views: Sequence[DeviceView]) -> None:
+        return None  # PyTorch serves CPU tensors from plain host memory
+
     def view_label(self, name: str) -> str:
         return f"PyTorch {name[6:]} allocator"
 
@@ -119,6 +123,9 @@ class Torch:
             int(torch.cuda.memory_reserved(index)) - int(torch.cuda.memory_allocated(index)) for index in range(count)
         )
         return [Holder("PyTorch CUDA cache (reserved, not allocated)", count, cached)]
+
+    def named_items(self) -> NamedItems | None:
+        return None  # its holders' items have no names worth following
 
     def clear(self) -> list[str]:
         torch = _loaded()

@@ -2,12 +2,12 @@
 
 ``GrowthTracker.observe()`` runs after the baseline and after each measured iteration (after
 ``gc.collect()``) and counts gc-visible Python objects by type, what the frameworks hold
-(``frameworks.holders``: JAX's compiled executables and live arrays among them), the size of
-TensorFlow's eager function library and its functions by name (``tf.function`` traces among
-them), and Keras's name counters. Such a quantity is reported when it rose at *every* step: a cache filled once
-is not a trend. The lengths of lists/dicts/sets/deques are compared once, baseline against
-the end, so a container that gains items (numpy arrays, which gc does not track, included)
-is named with what holds it.
+(``frameworks.holders``: JAX's compiled executables and live arrays among them), the items of a
+holder whose items have names, by kind (``frameworks.named_items``: TensorFlow's eager function
+library by function, ``tf.function`` traces apart), and Keras's name counters. Such a quantity
+is reported when it rose at *every* step: a cache filled once is not a trend. The lengths of
+lists/dicts/sets/deques are compared once, baseline against the end, so a container that gains
+items (numpy arrays, which gc does not track, included) is named with what holds it.
 
 Nothing here imports TensorFlow or Keras: their state is read only once user code loaded them.
 """
@@ -22,7 +22,6 @@ from itertools import compress, repeat
 from typing import Any
 
 from pytest_tfmem import frameworks
-from pytest_tfmem.frameworks.tensorflow import LIBRARY_HOLDER, function_group, function_library_names
 from pytest_tfmem.probes.holders import CONTAINER_TYPES, container_label, last_items
 from pytest_tfmem.probes.objects import (
     keras_name_counters,
@@ -33,7 +32,6 @@ from pytest_tfmem.probes.objects import (
 )
 
 _SHOWN_TYPES = 10
-_TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
 _SHOWN_FUNCTIONS = 3
 _SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the first few
 _LAST_RANK = 4  # of _type_rank: builtins
@@ -54,7 +52,9 @@ class Growth:
 
 @dataclass(frozen=True)
 class LeakDiagnosis:
-    """What grew at every measured iteration. ``function_library`` is ``None`` without TF."""
+    """What grew at every measured iteration. ``function_library`` is the holder with named
+    items (TensorFlow's function library; ``None`` where no started framework has one), with
+    the kinds of its items that grew and its traces (``traces_heading``)."""
 
     types: tuple[Growth, ...] = ()
     containers: tuple[Growth, ...] = ()
@@ -63,6 +63,7 @@ class LeakDiagnosis:
     keras_names: tuple[Growth, ...] = ()
     retracing: tuple[Growth, ...] = ()
     holders: tuple[Growth, ...] = ()  # the frameworks' holders (JAX executables...) that grew
+    traces_heading: str = "traces"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +82,7 @@ class LeakDiagnosis:
             keras_names=growths("keras_names"),
             retracing=growths("retracing"),
             holders=growths("holders"),
+            traces_heading=data.get("traces_heading", "traces"),
         )
 
     def rows(self, leaked: bool) -> list[tuple[str, str]]:
@@ -95,7 +97,7 @@ class LeakDiagnosis:
             text += f" ({library.start} -> {library.end})"
             if self.library_functions:
                 text += ", e.g. " + _list_growths(self.library_functions, _SHOWN_FUNCTIONS, "names")
-            rows.append(("TF function library", text))
+            rows.append((library.label, text))
         if self.holders:
             rows.append(("framework holders", ", ".join(
                 f"{g.signed()} {g.label} per iteration ({g.start} -> {g.end})" for g in self.holders
@@ -104,7 +106,7 @@ class LeakDiagnosis:
             rows.append(("Keras name counters", ", ".join(f"{g.signed()} {g.label}" for g in self.keras_names)))
         if self.retracing:
             traces = ", ".join(f"{g.signed()} {g.label}" for g in self.retracing)
-            rows.append(("tf.function traces", f"{traces} per iteration (new traces kept in the library)"))
+            rows.append((self.traces_heading, f"{traces} per iteration (new traces kept in the library)"))
         return rows
 
 
@@ -194,10 +196,13 @@ class GrowthTracker:
         self._own_types = set(own_types())
         self._container_baseline: dict[int, int] | None = None
         self._steps = -1  # observations after the baseline
-        self._library: tuple[int, int] | None = None  # (size at first observation, size now)
-        self._library_steps = 0  # observations since the first one that found TF running
+        # the holder with named items (TF's function library): (size at first observation, size now)
+        self._library: tuple[int, int] | None = None
+        self._library_steps = 0  # observations since the first one that found it
+        self._library_name = self._traces_heading = ""
         self._names = _EveryStep()
-        self._functions = _EveryStep()
+        self._kinds = _EveryStep()
+        self._traces = _EveryStep()
         self._holders = _EveryStep()
         self._ignored: set[int] = set()
 
@@ -207,7 +212,7 @@ class GrowthTracker:
 
     def _own_ids(self) -> set[int]:
         own = {id(self._ignored), id(self._container_baseline), *self._ignored}
-        for step in (self._types, self._names, self._functions, self._holders):
+        for step in (self._types, self._names, self._kinds, self._traces, self._holders):
             own.update((id(step.first), id(step.last), id(step.rising)))
         return own
 
@@ -233,15 +238,17 @@ class GrowthTracker:
         self._types.observe(counts)
 
         self._steps += 1
-        names = function_library_names()
-        if names is not None:
+        items = frameworks.named_items()
+        if items is not None:
             if self._library is not None:
                 self._library_steps += 1
-            self._library = (len(names) if self._library is None else self._library[0], len(names))
-            self._functions.observe(collections.Counter(map(function_group, names)))
+            self._library = (items.count if self._library is None else self._library[0], items.count)
+            self._library_name, self._traces_heading = items.holder, items.traces_heading
+            self._kinds.observe(dict(items.kinds))
+            self._traces.observe(dict(items.traces))
         self._names.observe(keras_name_counters())
         self._holders.observe({
-            name: holder.count for name, holder in frameworks.holders().items() if name != LIBRARY_HOLDER
+            name: holder.count for name, holder in frameworks.holders().items() if name != self._library_name
         })
 
     def diagnosis(self) -> LeakDiagnosis:
@@ -257,25 +264,19 @@ class GrowthTracker:
             (key for key in growing if key in alive),
             key=lambda key: (_items_rank(alive[key]), -growing[key][0]),
         )[:_SHOWN_CONTAINERS]
-        functions = self._functions.growths()
         library = None
         if self._library is not None:
             first, last = self._library
-            library = Growth(LIBRARY_HOLDER, (last - first) / max(1, self._library_steps), first, last)
+            library = Growth(self._library_name, (last - first) / max(1, self._library_steps), first, last)
         return LeakDiagnosis(
             types=tuple(_growth(labels[name], type_growth[name][1]) for name in ranked),
             containers=tuple(_growth(container_label(alive[key]), growing[key]) for key in containers),
             function_library=library,
             keras_names=_by_growth(_growth(key, value) for key, value in self._names.growths().items()),
             holders=_by_growth(_growth(key, value) for key, value in self._holders.growths().items()),
-            library_functions=_by_growth(
-                _growth(name, value) for name, value in functions.items() if not name.startswith(_TRACE_PREFIX)
-            ),
-            retracing=_by_growth(
-                _growth(name.removeprefix(_TRACE_PREFIX), value)
-                for name, value in functions.items()
-                if name.startswith(_TRACE_PREFIX)
-            ),
+            library_functions=_by_growth(_growth(name, value) for name, value in self._kinds.growths().items()),
+            retracing=_by_growth(_growth(name, value) for name, value in self._traces.growths().items()),
+            traces_heading=self._traces_heading or "traces",
         )
 
     def _growing_containers(self) -> list[tuple[int, tuple[float, int, int]]]:

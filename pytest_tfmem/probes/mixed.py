@@ -1,4 +1,4 @@
-"""Memory held outside TensorFlow's pool and inside it at the same moment, sampled.
+"""Memory held outside a framework's host pool and inside it at the same moment, sampled.
 
 A test that holds NumPy data while it makes tensors needs both at once. The exact views see
 one part each when TensorFlow serves the tensors from memory it pooled earlier: host RSS sees
@@ -10,7 +10,8 @@ the largest, over time, of
 
 where the pool is TensorFlow's, which RSS includes. TensorFlow says how much of its allocator
 is in use, not how large the pool is; a pooling allocator keeps what it once held, so the pool
-is estimated as the highest level ever in use (``TFAllocator.pool_estimate``). The two levels
+is estimated as the highest level ever in use (``PooledHostView.pool_estimate``). TensorFlow's
+CPU allocator is the one such pool (``Framework.pooled_host_view``). The two levels
 must be read together, so a background thread reads them every ``interval_s``: a coexistence
 shorter than that can be missed, and the figure is an estimate. It never lowers the exact
 views' figure (``Measurement.peak`` takes the larger).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from pytest_tfmem.frameworks.tensorflow import TFAllocator
+from pytest_tfmem.frameworks.base import PooledHostView
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.sampler import Sampler
 
@@ -41,7 +42,7 @@ class MixedReading:
 class MixedSampler:
     """Samples the process's host and TF memory while a window is armed (one at a time)."""
 
-    def __init__(self, allocator: TFAllocator, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, allocator: PooledHostView, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.allocator = allocator
         self.interval_s = interval_s
         self._armed = threading.Event()
