@@ -50,20 +50,26 @@ def build_model(width: int = WIDTH, dtype: str = "float32", keras: ModuleType | 
     return keras.Sequential([keras.Input((INPUTS,)), *hidden, keras.layers.Dense(CLASSES, dtype="float32")])
 
 
-def _fit(model: Any, optimizer: str = "adam", keras: ModuleType | None = None, callbacks: list | None = None) -> float:
-    """Compile with ``optimizer`` and train ``STEPS`` steps on random data; returns the last loss."""
+def _fit(
+    model: Any,
+    optimizer: str = "adam",
+    keras: ModuleType | None = None,
+    callbacks: list | None = None,
+    steps: int = STEPS,
+) -> float:
+    """Compile with ``optimizer`` and train ``steps`` steps on random data; returns the last loss."""
     keras = keras or tf.keras
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
-    x = rng.random((BATCH_SIZE * STEPS, INPUTS), dtype=np.float32)
-    y = rng.integers(0, CLASSES, BATCH_SIZE * STEPS)
+    x = rng.random((BATCH_SIZE * steps, INPUTS), dtype=np.float32)
+    y = rng.integers(0, CLASSES, BATCH_SIZE * steps)
     history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=1, verbose=0, callbacks=callbacks)
     return float(history.history["loss"][-1])
 
 
-def train(width: int = WIDTH, dtype: str = "float32", optimizer: str = "adam") -> float:
+def train(width: int = WIDTH, dtype: str = "float32", optimizer: str = "adam", steps: int = STEPS) -> float:
     """Train a few steps on random data; returns the last loss."""
-    return _fit(build_model(width, dtype), optimizer)
+    return _fit(build_model(width, dtype), optimizer, steps=steps)
 
 
 def problem_float32_adam(width: int = WIDTH) -> float:
@@ -86,7 +92,10 @@ def fix_stateless_optimizer(width: int = WIDTH) -> float:
 
 
 def no_help_mixed_float16(width: int = WIDTH) -> float:
-    return train(width, dtype="mixed_float16")
+    # Two steps, not STEPS: CPUs compute float16 slowly (~7 s a step here, against 0.3 s in
+    # float32), and at two steps it already needs more than float32 with Adam at STEPS (1.08x
+    # here), which is all this variant shows.
+    return train(width, dtype="mixed_float16", steps=2)
 
 
 def no_help_mixed_bfloat16(width: int = WIDTH) -> float:

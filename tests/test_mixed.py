@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
+pytestmark = pytest.mark.xdist_group("mixed")
+
 MIB = 2**20
 REPOSITORY = Path(__file__).resolve().parent.parent
 
