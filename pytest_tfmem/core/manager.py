@@ -305,7 +305,7 @@ class TfmemManager:
             del item.stash[RECORD]
         imports = self.imports.mark()
         monitor.start()
-        self.subtests.begin(item.nodeid, monitor)
+        self.subtests.begin(item, monitor)
         try:
             yield
         except BaseException as raised:

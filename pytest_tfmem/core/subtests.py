@@ -28,6 +28,7 @@ isolated alike. Garbage only an older generation's collection would free counts 
 from __future__ import annotations
 
 import gc
+import unittest
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -105,6 +106,17 @@ class _OpenTest:
     window: Monitor | None = None  # the current subtest's, from the second subtest on
 
 
+def _can_have_subtests(item: pytest.Item) -> bool:
+    """pytest reports subtests (9 and later) of a test that uses the ``subtests`` fixture and of
+    a ``unittest.TestCase`` method (``self.subTest``); no other test has any."""
+    if _SUBTEST_REPORT is None:
+        return False
+    if "subtests" in getattr(item, "fixturenames", ()):
+        return True
+    case = getattr(item, "cls", None)
+    return isinstance(case, type) and issubclass(case, unittest.TestCase)
+
+
 class SubtestWindows:
     """The subtest windows of the tests being measured in this process, by node id.
 
@@ -116,10 +128,13 @@ class SubtestWindows:
         self._trackers = trackers  # the features' trackers, as the test's own window reads them
         self._open: dict[str, _OpenTest] = {}
 
-    def begin(self, nodeid: str, test_window: Monitor) -> None:
-        """The test's window just opened: until its first subtest ends, that is the subtest's too."""
+    def begin(self, item: pytest.Item, test_window: Monitor) -> None:
+        """The test's window just opened: until its first subtest ends, that is the subtest's too.
+        Nothing is read for a test that can have no subtests."""
+        if not _can_have_subtests(item):
+            return
         pool = ResidentPool()
-        self._open[nodeid] = _OpenTest(test_window, pool.level(current_level()), pool, [])
+        self._open[item.nodeid] = _OpenTest(test_window, pool.level(current_level()), pool, [])
 
     def ended(self, report: pytest.TestReport) -> bool:
         """A subtest of a test measured here ended with this report: close its window, open the
