@@ -23,12 +23,18 @@ def attempts_before(report: pytest.TestReport) -> int:
     return count if isinstance(count, int) and not isinstance(count, bool) else 0
 
 
-def gather(records: list[TestRecord], record: TestRecord) -> None:
+def gather(records: list[TestRecord], record: TestRecord, gathered: set[str]) -> None:
     """Add ``record`` to ``records``; a later attempt's record replaces the earlier attempts'.
+    ``gathered`` holds the node ids added so far (it spares a test's first attempt, nearly every
+    record, a look through all the others).
 
     Earlier attempts are those ``record`` counts, and those retried (outcome ``rerun``): a
     report tfmem makes itself for an isolated test whose process died has no count.
     """
+    if record.nodeid not in gathered:
+        gathered.add(record.nodeid)
+        records.append(record)
+        return
     earlier = [r for r in records if r.nodeid == record.nodeid and (record.reruns or r.outcome == "rerun")]
     if earlier:
         record.reruns = max(record.reruns, len(earlier))

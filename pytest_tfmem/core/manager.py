@@ -107,6 +107,7 @@ class TfmemManager:
         self.config = config
         self.settings = settings.CoreSettings.from_config(config)
         self.records: list[TestRecord] = []
+        self._gathered: set[str] = set()  # the node ids among the records
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
         self._measure_all: bool | None = None
         self._prepared: set[str] = set()  # the frameworks whose runtime was prepared (by module)
@@ -405,7 +406,7 @@ class TfmemManager:
         if report.when == "call" and not self.subtests.ended(report):
             record = record_from_report(report)
             if record is not None:
-                attempts.gather(self.records, record)
+                attempts.gather(self.records, record, self._gathered)
             self.not_measured += [
                 (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
             ]

@@ -85,7 +85,7 @@ def running_children() -> frozenset[int]:
 
 
 def current_level() -> Level:
-    """The process now (no collection: see ``read_level``)."""
+    """The process now (no collection: see ``read_collected_level``)."""
     allocator = measure.probes().pooled_host_view()
     if allocator is None:
         return Level(host.current_rss(), children=children_size())
@@ -121,9 +121,9 @@ class ResidentPool:
         return Level(reading.rss, reading.tf_in_use, resident, reading.children)
 
 
-def read_level(collect: Callable[[], object]) -> Level:
-    """The process after ``collect`` and handing freed heap back, as a window opens."""
-    host.release_freed_memory(collect)
+def read_collected_level() -> Level:
+    """The process once its garbage was collected: freed heap handed back, then read."""
+    host.return_freed_heap()
     return current_level()
 
 

@@ -13,27 +13,66 @@ import ctypes.util
 import gc
 import os
 from collections.abc import Callable
+from typing import TypeVar
 
 import psutil
 
 from pytest_tfmem.probes.sampler import Sampler
 
 _CLEAR_REFS = "/proc/self/clear_refs"
+_PROC_READ = 8192  # more than /proc/PID/status and statm hold
+_Parsed = TypeVar("_Parsed")
+
+
+class _OwnProcFile:
+    """A file of ``/proc/self``, kept open and read whole with ``pread``: a reading costs one
+    system call instead of three and a file object (this process's RSS is read several times a
+    test, and by samplers every few milliseconds). ``/proc/self`` names the process that opened
+    it, so a fork opens its own; a descriptor that user code closed is opened again."""
+
+    def __init__(self, name: str) -> None:
+        self.path = f"/proc/self/{name}"
+        self._opened = (0, -1)  # (the pid it was opened in, the descriptor)
+
+    def _descriptor(self, again: bool = False) -> int:
+        pid, descriptor = self._opened
+        if again or pid != os.getpid():
+            # A fork's inherited descriptor is left open: its number may have been reused already.
+            descriptor = os.open(self.path, os.O_RDONLY)
+            self._opened = (os.getpid(), descriptor)
+        return descriptor
+
+    def read(self, parse: Callable[[bytes], _Parsed]) -> _Parsed:
+        """``parse`` of the file's content; opened again once if the descriptor fails or reads
+        something ``parse`` rejects (``ValueError``, ``IndexError``)."""
+        try:
+            return parse(os.pread(self._descriptor(), _PROC_READ, 0))
+        except (OSError, ValueError, IndexError):
+            return parse(os.pread(self._descriptor(again=True), _PROC_READ, 0))
+
+
+_OWN_STATUS = _OwnProcFile("status")
+
+
+def _fields(content: bytes, keys: tuple[bytes, ...]) -> dict[bytes, int]:
+    """``/proc/PID/status`` fields given in kB (``VmRSS:``, ``VmHWM:``), in bytes; a field the
+    process has no line for is left out (a zombie has no memory left to describe)."""
+    if not content.startswith(b"Name:"):
+        raise ValueError("not a /proc status file")
+    found = {}
+    for key in keys:
+        start = content.find(b"\n" + key)
+        if start >= 0:
+            found[key] = int(content[start + len(key) + 1 :].split(None, 1)[0]) * 1024
+    return found
 
 
 def _status_fields(keys: tuple[bytes, ...], pid: int | str, status_file: str | None = None) -> dict[bytes, int]:
-    """``/proc/PID/status`` fields given in kB (``VmRSS:``, ``VmHWM:``), in bytes, read in one
-    pass; a field the process has no line for is left out (a zombie has no memory left to
-    describe)."""
-    found = {}
+    """``_fields`` of ``/proc/PID/status`` (``status_file`` in its place, if given)."""
+    if pid == "self" and status_file is None:
+        return _OWN_STATUS.read(lambda content: _fields(content, keys))
     with open(status_file or f"/proc/{pid}/status", "rb") as status:
-        for line in status:
-            for key in keys:
-                if line.startswith(key):
-                    found[key] = int(line[len(key) :].split()[0]) * 1024
-                    if len(found) == len(keys):
-                        return found
-    return found
+        return _fields(status.read(), keys)
 
 
 def _status_bytes(key: bytes, pid: int | str, status_file: str | None = None) -> int | None:
@@ -81,16 +120,19 @@ _malloc_trim = _load_malloc_trim()
 
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-_STATM = "/proc/self/statm"
-_HAVE_STATM = os.path.exists(_STATM)
+_OWN_STATM = _OwnProcFile("statm")
+_HAVE_STATM = os.path.exists(_OWN_STATM.path)
+
+
+def _resident_pages(content: bytes) -> int:
+    return int(content.split()[1])
 
 
 def current_rss() -> int:
     """Resident set size of this process in bytes: from ``/proc/self/statm`` (the cheapest
     reading; samplers call it every few milliseconds), through psutil where there is no ``/proc``."""
     if _HAVE_STATM:
-        with open(_STATM, "rb") as statm:
-            return int(statm.read().split()[1]) * _PAGE_SIZE
+        return _OWN_STATM.read(_resident_pages) * _PAGE_SIZE
     return int(psutil.Process().memory_info().rss)
 
 

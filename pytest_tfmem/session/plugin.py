@@ -47,7 +47,7 @@ from pytest_tfmem.core.retained import (
     ResidentPool,
     Retained,
     current_level,
-    read_level,
+    read_collected_level,
 )
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.errors import TfmemFailure, failure_for
@@ -116,6 +116,8 @@ class _Span:
 class _Weighed:
     stayed: Stayed | None = None  # what stayed after the test, where it left more than the threshold
     failed: str = ""  # why what stayed could not be read
+    # The process as read to weigh the test (freed heap handed back), before the survivors were frozen.
+    reading: Level | None = None
 
 
 @dataclass
@@ -143,10 +145,18 @@ class SessionBooks:
         # A fixture torn down whose value pytest still holds: booked at the next reading.
         self._torn_down: tuple[pytest.FixtureDef[Any], Level] | None = None
 
-    def _read(self, before_freeze: Callable[[], object] | None = None) -> Level:
-        """The process after a collection (``before_freeze``: see ``Collector.collect``)."""
+    def _read(self, before_freeze: Callable[[], object] | None = None, weighed: _Weighed | None = None) -> Level:
+        """The process after a collection (``before_freeze``: see ``Collector.collect``). Where
+        ``before_freeze`` weighed the test (``weighed``) and neither a full collection nor the
+        look at what stayed came after its reading, that reading is the level: only the freeze
+        came between."""
         collector = manager(self.config).collector
-        level = self._pool.level(read_level(lambda: collector.collect(before_freeze)))
+        full_collections = collector.full_collections
+        collector.collect(before_freeze)
+        reading = weighed.reading if weighed is not None and weighed.stayed is None and not weighed.failed else None
+        if reading is None or collector.full_collections != full_collections:
+            reading = read_collected_level()
+        level = self._pool.level(reading)
         if self._torn_down is not None:
             fixturedef, before = self._torn_down
             self._torn_down = None
@@ -196,7 +206,7 @@ class SessionBooks:
             before_clearing = self._read()
             cleared_by = frameworks.clear()
         weighed = _Weighed()
-        level = self._read(functools.partial(self._what_stayed, item, self._span, weighed))
+        level = self._read(functools.partial(self._what_stayed, item, self._span, weighed), weighed)
         span, self._span = self._span, None
         self._level = level
         tfmem = manager(self.config)
@@ -232,7 +242,8 @@ class SessionBooks:
         if threshold is None:
             return
         host.return_freed_heap()
-        now = self._pool.level(current_level(), keep=False)
+        weighed.reading = current_level()
+        now = self._pool.level(weighed.reading, keep=False)
         booked = sum(booking.bytes for booking in span.bookings)
         if now.held - span.before.held - booked > threshold:
             try:
