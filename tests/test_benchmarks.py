@@ -7,6 +7,8 @@ contender. docs/benchmarks.md is written by a full run (``--output docs/benchmar
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +162,20 @@ def test_a_smaller_run_is_named_only_where_its_sections_had_fewer_runs():
     fewer_order_tests = dataclasses.replace(run.FULL, order_tests=1)
     assert run.smaller_than_default(("order",), fewer_order_tests)
     assert not run.smaller_than_default(("spike", "leaks"), fewer_order_tests)
+
+
+@pytest.mark.slow
+def test_a_fork_maps_again_the_library_pages_a_fit_runs():
+    """``benchmarks/fork_file_pages.py``: the same small Keras fit (on TensorFlow) grows a fork's
+    file-backed RSS more than its parent's, which had those library pages mapped already."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fork_file_pages"], capture_output=True, text=True, timeout=300,
+        cwd=REPOSITORY, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    figures = json.loads(completed.stdout.splitlines()[0])
+    fork, parent = figures["fork"], figures["parent"]
+    assert figures["backend"] == "tensorflow"
+    assert fork["RssFile"] > parent["RssFile"] + 4 * 2**20, figures
+    gap = fork["VmRSS"] - parent["VmRSS"]
+    assert fork["RssFile"] - parent["RssFile"] > 0.7 * gap, figures  # the gap is in file pages
