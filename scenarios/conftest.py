@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import pytest
@@ -35,6 +35,7 @@ VARIANT_PROPERTY = "tfmem_scenario_variant"
 NOTE_PROPERTY = "tfmem_scenario_note"
 MEASURED = "measured"  # the role of a variant whose test decides it from its own numbers
 DECIDED_ROLES = ("fix", "no help")
+ROLE_ORDER = {"problem": 0, "fix": 1, "no help": 2}  # the table's order within a scenario
 TABLE_PLUGIN = "tfmem-scenario-table"
 # How a failed check reads in the table's outcome column.
 CHECK_WORDS = {"budget": "over budget", "leak": "leak", "kill_at": "killed at kill_at", "signal": "killed by a signal"}
@@ -94,6 +95,19 @@ class MeasuredVariant:
 
 
 MEASURED_KEY = pytest.StashKey[MeasuredVariant]()
+LEAK_KEY = pytest.StashKey[dict]()
+
+
+@pytest.fixture
+def leak_in_a_child(request: pytest.FixtureRequest) -> Callable[[dict], None]:
+    """For a variant whose leak check ran in a process of its own: ``leak_in_a_child(report)``
+    (``{"per_iteration": bytes, "leaked": bool}``) puts its growth per iteration and its verdict
+    in the table, where tfmem's own leak check would put them."""
+
+    def record(report: dict) -> None:
+        request.node.stash[LEAK_KEY] = {"growth_per_iteration": report["per_iteration"], "leaked": report["leaked"]}
+
+    return record
 
 
 @pytest.fixture
@@ -112,6 +126,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
     if call.when == "call" and scenario is not None and variant is not None:
         role, description = variant.args
         data = {"scenario": scenario.args[0], "role": role, "description": description}
+        if LEAK_KEY in item.stash:
+            data["leak"] = item.stash[LEAK_KEY]
         measured = item.stash.get(MEASURED_KEY, None)
         if role == MEASURED and measured is not None:
             if measured.role is not None:
@@ -157,14 +173,14 @@ class ScenarioTable:
         for row in self.rows:
             by_scenario.setdefault(row[0]["scenario"], []).append(row)
         for scenario in sorted(by_scenario):
-            variants = sorted(by_scenario[scenario], key=lambda row: row[0]["role"] != "problem")
+            variants = sorted(by_scenario[scenario], key=lambda row: ROLE_ORDER.get(row[0]["role"], len(ROLE_ORDER)))
             reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
             rows.append([scenario, "", "", "", ""])
             for variant, record, outcome in variants:
                 peak = _peak(record)
                 ratio = f"{peak / reference:.2f}x" if peak is not None and reference else "-"
                 rows.append([f"  {variant['role']}: {variant['description']}", format_size(peak), ratio,
-                             _leak_per_iteration(record), _explain(outcome, record)])
+                             _leak_per_iteration(_leak(variant, record)), _explain(outcome, variant, record)])
         return rows
 
 
@@ -172,9 +188,15 @@ def _peak(record: TestRecord | None) -> int | None:
     return record.measurement.peak if record is not None and record.measurement is not None else None
 
 
-def _leak_per_iteration(record: TestRecord | None) -> str:
+def _leak(variant: dict, record: TestRecord | None) -> dict | None:
+    """The variant's leak check: tfmem's record of it, or the one its child ran (``leak_in_a_child``)."""
     leak = record.extra.get("leak") if record is not None else None
-    growth = leak.get("growth_per_iteration") if isinstance(leak, dict) else None
+    leak = leak if isinstance(leak, dict) else variant.get("leak")
+    return leak if isinstance(leak, dict) else None
+
+
+def _leak_per_iteration(leak: dict | None) -> str:
+    growth = leak.get("growth_per_iteration") if leak is not None else None
     return "-" if growth is None else format_size(growth, signed=True)
 
 
@@ -193,15 +215,16 @@ def _outcome(report: pytest.TestReport, variant: dict[str, str]) -> str:
     return "FAILED"
 
 
-def _explain(outcome: str, record: TestRecord | None) -> str:
-    """``caught: over budget`` -- what failed, in words: failed checks, a leak found in the body."""
+def _explain(outcome: str, variant: dict, record: TestRecord | None) -> str:
+    """``caught: over budget`` -- what failed, in words: failed checks, a leak found in the body
+    (or in the variant's child)."""
     if record is None:
         return outcome
     where = " (isolated)" if "isolated" in record.extra else ""
     if outcome not in ("caught", "no help", "FAILED"):
         return outcome + where
     failed = [CHECK_WORDS.get(v.check, v.check) for v in record.failed_verdicts]
-    leak = record.extra.get("leak")
-    if isinstance(leak, dict) and leak.get("leaked") and "leak" not in failed:
+    leak = _leak(variant, record)
+    if leak is not None and leak.get("leaked") and "leak" not in failed:
         failed.append("leak")  # raised by tfmem.assert_no_leak in the test body
     return (f"{outcome}: {', '.join(failed)}" if failed else outcome) + where

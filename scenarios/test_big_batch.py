@@ -32,11 +32,16 @@ def test_fix_small_batch():
 
 def test_peak_grows_roughly_linearly_with_batch_size(tfmem):
     big_batch.train_step(16)  # this model's first-use costs, whatever ran before in this process
+    # The lower of two steps each: TensorFlow's inter-op threads may run ops side by side and hold
+    # more at once now and then (a step of 128 read 261 MB once, against 150-175 MB otherwise).
     peaks = {}
     for batch_size in (32, 64, 128):
-        with tfmem.measure() as measured:
-            big_batch.train_step(batch_size)
-        peaks[batch_size] = measured.peak
+        readings = []
+        for _ in range(2):
+            with tfmem.measure() as measured:
+                big_batch.train_step(batch_size)
+            readings.append(measured.peak)
+        peaks[batch_size] = min(readings)
     first_slope = (peaks[64] - peaks[32]) / 32
     second_slope = (peaks[128] - peaks[64]) / 64
     numbers = {batch: f"{peak / MB:.0f} MB" for batch, peak in peaks.items()}

@@ -16,7 +16,7 @@ from pytest_tfmem import LeakDetected
 
 # Looked up, not imported: the variants run in processes of their own
 pytestmark = [
-    pytest.mark.scenario("4. looped models"),
+    pytest.mark.scenario("4. looped models (Keras on JAX)"),
     pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed: JAX variants"),
 ]
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,25 +42,31 @@ def raise_if_leaked(report: dict) -> None:
 
 @pytest.mark.variant("problem", "JAX: a new model shape per iteration")
 @leaks
-def test_jax_problem_new_shapes():
+def test_jax_problem_new_shapes(leak_in_a_child):
     report = run_variant("problem_new_shapes")
+    leak_in_a_child(report)
     assert "JAX compiled executables" in report["holders"], report["description"]
     raise_if_leaked(report)
 
 
 @pytest.mark.variant("no help", "JAX: clear_session() + gc.collect()")
 @leaks
-def test_jax_no_help_clear_session():
+def test_jax_no_help_clear_session(leak_in_a_child):
     report = run_variant("no_help_clear_session")
+    leak_in_a_child(report)
     assert "JAX compiled executables" in report["holders"], report["description"]  # still compiled anew
     raise_if_leaked(report)
 
 
 @pytest.mark.variant("fix", "JAX: jax.clear_caches() each iteration")
-def test_jax_fix_clear_caches():
-    raise_if_leaked(run_variant("fix_clear_caches"))
+def test_jax_fix_clear_caches(leak_in_a_child):
+    report = run_variant("fix_clear_caches")
+    leak_in_a_child(report)
+    raise_if_leaked(report)
 
 
 @pytest.mark.variant("fix", "JAX: one model, inputs padded to one shape")
-def test_jax_fix_one_model():
-    raise_if_leaked(run_variant("fix_one_model"))
+def test_jax_fix_one_model(leak_in_a_child):
+    report = run_variant("fix_one_model")
+    leak_in_a_child(report)
+    raise_if_leaked(report)
