@@ -19,11 +19,9 @@ from report_helpers import Run
 from trace_helpers import get, tensorboard, wait_for
 
 # Looked up, not imported: a framework loaded in this process would change the other tests' defaults
-pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed (the test extra installs it)"),
-    # the module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup)
-    pytest.mark.xdist_group("backends"),
-]
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="JAX is not installed (the test extra installs it)"
+)
 
 MIB = 2**20
 

@@ -19,9 +19,6 @@ from pytest_tfmem.core.summary import combined_basis
 from pytest_tfmem.probes.children import ChildFigure, ChildrenReading, _combined
 from pytest_tfmem.probes.watchdog import ProcessMark
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("children")
-
 MiB = 2**20
 REPOSITORY = Path(__file__).resolve().parent.parent
 

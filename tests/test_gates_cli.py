@@ -13,9 +13,6 @@ from gates_helpers import suite_source
 
 from pytest_tfmem.cli.main import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("gates_cli")
-
 
 @pytest.fixture(scope="module")
 def gate_files(tmp_path_factory: pytest.TempPathFactory) -> Path:

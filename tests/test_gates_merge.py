@@ -15,9 +15,6 @@ from gates_helpers import MB, suite_source
 from pytest_tfmem.cli.main import EXIT_BAD_INPUT, EXIT_OK
 from pytest_tfmem.units import format_size
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("gates_merge")
-
 pytest.importorskip("pytest_split")
 
 SIZES = {"a": 40, "b": 20, "c": 60, "d": 10}

@@ -22,9 +22,6 @@ from gates_helpers import (
 
 from pytest_tfmem.gates.baseline import load_baseline
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("gates_reports")
-
 SUITE = {"grow": 80, "steady": 60, "other": 40}
 NODEIDS = {f"test_suite.py::test_{name}" for name in [*SUITE, "over_budget"]}
 OVER_BUDGET = {"over_budget": "@pytest.mark.tfmem(budget='10MB')"}

@@ -13,9 +13,6 @@ import pytest
 
 from pytest_tfmem.units import format_size
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("html_report")
-
 pytest.importorskip("pytest_html")
 
 TESTS = """

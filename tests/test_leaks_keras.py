@@ -21,9 +21,6 @@ from conftest import records_from_junit
 
 from pytest_tfmem.core.record import TestRecord
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("leaks_keras")
-
 LOOPS = """
 import numpy as np
 import pytest

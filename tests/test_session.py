@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 from report_helpers import Run
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("session")
-
 MIB = 2**20
 # What a test that keeps nothing may still read: pytest's own reports, a page here and there.
 NOISE = 2 * MIB

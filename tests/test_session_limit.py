@@ -27,9 +27,6 @@ from pytest_tfmem.isolate.limit import auto_limit, parse_session_limit
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.units import format_size, parse_size
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("session_limit")
-
 MiB = 2**20
 
 # Each test leaves STEP MiB (80 unless said); with the limit at 260 MiB a process that starts at

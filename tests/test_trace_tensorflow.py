@@ -15,9 +15,6 @@ from pathlib import Path
 import pytest
 from trace_helpers import TracedRun, get, read_scalars, run_pytest, tensorboard, wait_for
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("trace_tensorflow")
-
 KERAS_TESTS = """
 import numpy as np
 import pytest

@@ -18,9 +18,6 @@ from trace_helpers import TracedRun, read_scalars, run_pytest
 
 from pytest_tfmem.trace import dirs as tracedirs
 
-# The module-scoped runs are shared by its tests: one worker runs them all (--dist loadgroup).
-pytestmark = pytest.mark.xdist_group("trace_without_tensorflow")
-
 NUMPY_TESTS = """
 import time
 
