@@ -411,16 +411,16 @@ PER_TEST_WORK = """
 
 What a measured test pays for, in the order it happens: at the boundary before it, nothing (the
 reading after the test before is reused); as its window opens, a collection of the objects made
-since the last one (``probes/garbage.py``: the survivors are frozen, so older objects are not
-traversed again), freed heap handed back to the OS (``malloc_trim``, the largest single cost in
-``probes/host.py``), the kernel's peak reset and each view's starting level; as it closes, each
-view's peak, its record built, checked and published as JSON on the report (``core/record.py``),
+since the last one (`probes/garbage.py`: the survivors are frozen, so older objects are not
+traversed again), freed heap handed back to the OS (`malloc_trim`, the largest single cost in
+`probes/host.py`), the kernel's peak reset and each view's starting level; as it closes, each
+view's peak, its record built, checked and published as JSON on the report (`core/record.py`),
 and the journal's lines; after its teardown, another young collection and hand-back and one
-reading of the process, which weighs what it kept and is the next test's boundary. ``/proc/self``'s
-``statm`` and ``status`` stay open and are read with ``pread``; a test that cannot have subtests
+reading of the process, which weighs what it kept and is the next test's boundary. `/proc/self`'s
+`statm` and `status` stay open and are read with `pread`; a test that cannot have subtests
 reads nothing for them. In a TensorFlow suite each test also reads the allocator's statistics;
 where TensorFlow's pool has room to hide a test's tensors from RSS, a thread samples host and pool
-memory together while the test runs (``probes/mixed.py``): ``keras-steps-pooled`` pays for it."""
+memory together while the test runs (`probes/mixed.py`): `keras-steps-pooled` pays for it."""
 
 
 def render(rows: list[dict]) -> str:
