@@ -85,3 +85,10 @@ def run_subprocess_records(pytester: pytest.Pytester):
         return result, records_from_junit(junit)
 
     return run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``longest`` first, the rest in their order: pytest-xdist hands out tests
+    in collection order, and a long test that started last kept one worker busy for minutes
+    after the other had finished."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)

@@ -91,6 +91,7 @@ def test_a_failure_that_is_not_the_verdict_counts_as_an_error_not_a_detection():
     assert tables.leak_figures(results, LEAK_MEMRAY).caught[0.25] == (0, 0, 0)  # another contender's runs
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_every_workload_runs_and_every_table_renders(tmp_path):
     completed = run_benchmarks("--quick", timeout=900)
@@ -117,6 +118,7 @@ def test_every_workload_runs_and_every_table_renders(tmp_path):
 SMOKE_SUITES = ("keras-steps-pooled", "drift", "processes", "session-start")
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
     """The smallest run of ``benchmarks/suite_overhead.py``, with and without tfmem: one suite of

@@ -103,6 +103,7 @@ def test_expects_the_oom():
 """
 
 
+@pytest.mark.longest
 @pytest.mark.slow  # TensorFlow's allocator retries each failed allocation for 10 s
 def test_a_real_ResourceExhaustedError_is_a_clear_tfmem_failure(
     pytester: pytest.Pytester, run_subprocess_records, monkeypatch: pytest.MonkeyPatch

@@ -40,6 +40,7 @@ def test_flat_loop(tfmem, run):
 """
 
 
+@pytest.mark.longest
 @pytest.mark.slow  # 20 sessions of 20 iterations each: 25-50 s on two cores
 def test_a_1MB_per_iteration_leak_is_flagged_and_a_flat_loop_passes_in_20_of_20_runs(pytester: pytest.Pytester):
     pytester.makepyfile(SYNTHETIC_LOOPS)

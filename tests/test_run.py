@@ -395,6 +395,7 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_tfmem_run_never_loses_the_scripts_exit_code(tmp_path: Path):
     """Many runs of a script that holds 200 MiB of tensors and exits at once: its exit code, a

@@ -98,6 +98,7 @@ def test_a_bad_scale_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: py
     result.stderr.fnmatch_lines(["*invalid TFMEM_SCENARIO_SCALE 'huge': expected a number above 0 and at most 100*"])
 
 
+@pytest.mark.longest
 @pytest.mark.slow
 def test_the_scenario_suite_passes_a_4GB_budget_and_prints_all_five_scenarios(pytester: pytest.Pytester):
     copy_scenarios(pytester)
