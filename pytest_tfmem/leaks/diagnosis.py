@@ -33,6 +33,7 @@ from pytest_tfmem.probes.objects import (
 
 _SHOWN_TYPES = 10
 _SHOWN_FUNCTIONS = 3
+_TRACES = "traces"  # the traces row's heading where the framework named none (older reports)
 _SHOWN_CONTAINERS = 3  # naming a holder scans the heap: only for the first few
 _LAST_RANK = 4  # of _type_rank: builtins
 
@@ -63,7 +64,7 @@ class LeakDiagnosis:
     keras_names: tuple[Growth, ...] = ()
     retracing: tuple[Growth, ...] = ()
     holders: tuple[Growth, ...] = ()  # the frameworks' holders (JAX executables...) that grew
-    traces_heading: str = "traces"
+    traces_heading: str = _TRACES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +83,7 @@ class LeakDiagnosis:
             keras_names=growths("keras_names"),
             retracing=growths("retracing"),
             holders=growths("holders"),
-            traces_heading=data.get("traces_heading", "traces"),
+            traces_heading=data.get("traces_heading", _TRACES),
         )
 
     def rows(self, leaked: bool) -> list[tuple[str, str]]:
@@ -276,7 +277,7 @@ class GrowthTracker:
             holders=_by_growth(_growth(key, value) for key, value in self._holders.growths().items()),
             library_functions=_by_growth(_growth(name, value) for name, value in self._kinds.growths().items()),
             retracing=_by_growth(_growth(name, value) for name, value in self._traces.growths().items()),
-            traces_heading=self._traces_heading or "traces",
+            traces_heading=self._traces_heading or _TRACES,
         )
 
     def _growing_containers(self) -> list[tuple[int, tuple[float, int, int]]]:
