@@ -109,7 +109,8 @@ def test_a_script_exits_3_with_its_peak_report_plot_and_journal(tmp_path: Path):
     assert 200 * MiB <= report["peak"] <= 200 * MiB + 80 * MiB  # 200 MiB of shards + the interpreter and NumPy
     assert report["sampled_peak"] <= report["peak"]
     assert report["place_at_peak"]["stack"][-1][0] == "load_shards"
-    assert report["tf_peaks"] == {} and report["host_share"] is None and report["advice"] == []
+    assert report["device_peaks"] == report["tf_peaks"] == {} and report["host_share"] is None
+    assert report["advice"] == []
     assert report["timeline"] and report["timeline"][-1][0] <= report["duration_s"] + 0.1
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = done.stderr.splitlines()
@@ -202,7 +203,7 @@ def test_a_command_that_is_not_python_gets_the_outside_view(tmp_path: Path):
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["kind"] == "command" and report["command"][0] == "sh"
     assert report["high_water_marks"][str(report["script_pid"])] >= 60_000_000  # the shell's own string
-    assert report["place_at_peak"] is None and report["tf_peaks"] == {}
+    assert report["place_at_peak"] is None and report["device_peaks"] == {}
 
 
 def test_a_module_runs_as_python_m_would(tmp_path: Path):
@@ -287,16 +288,66 @@ def test_gpu_budget_on_what_nvml_sees_of_the_script(tmp_path: Path):
     assert json.loads((tmp_path / "run.json").read_text())["gpu_peaks"] == {"nvml:0": 3 * 2**30}
 
 
+FAKE_JAX_GPU = """
+import sys, time, types
+
+
+class Gpu:  # jax.Device as the agent reads it: a level and a lifetime peak
+    platform, id = "gpu", 0
+    in_use = peak = 0
+
+    def hold(self, size):
+        self.in_use += size
+        self.peak = max(self.peak, self.in_use)
+
+    def memory_stats(self):
+        return {"bytes_in_use": self.in_use, "peak_bytes_in_use": self.peak}
+
+
+gpu = Gpu()
+backend = types.SimpleNamespace(local_devices=lambda: [gpu])
+jax = types.ModuleType("jax")
+jax.devices = lambda: [gpu]
+bridge = types.ModuleType("jax._src.xla_bridge")
+bridge._backends = {"cuda": backend}  # JAX's runtime has started
+sys.modules.update({"jax": jax, "jax._src.xla_bridge": bridge})
+gpu.hold(3 * 2**30)
+time.sleep(0.5)
+gpu.hold(-2 * 2**30)
+time.sleep(0.5)
+"""
+
+
+def test_a_jax_gpu_is_read_judged_and_drawn_through_its_device_view(tmp_path: Path):
+    """The agent reads any framework's device views: a JAX GPU's ``memory_stats()`` (a fake: this
+    machine has no GPU) is shown, held to ``--gpu-budget`` and kept in the report's timeline."""
+    (tmp_path / "jax_gpu.py").write_text(FAKE_JAX_GPU)
+    done = tfmem_run(tmp_path, "--gpu-budget", "2GiB", "--report", "run.json", "--plot", "run.png", "jax_gpu.py")
+    assert done.returncode == 1, done.stderr
+    assert "  device peaks: JAX gpu:0 device 3.0 GiB; host share (NumPy, Python, libraries) " in done.stderr
+    assert "  over GPU budget on jax:gpu:0: 3.0 GiB > --gpu-budget=2.0 GiB" in done.stderr
+    assert "JAX started" not in done.stderr  # its view says so
+    report = json.loads((tmp_path / "run.json").read_text())
+    assert report["runtimes"] == ["JAX"] and report["device_peaks"] == {"jax:gpu:0": 3 * 2**30}
+    assert report["tf_peaks"] == {} and report["tf_timeline"] == []
+    levels = [levels["jax:gpu:0"] for _, levels in report["device_timeline"]]
+    assert 3 * 2**30 in levels and levels[-1] == 2**30
+    assert report["host_share"] < 200 * MiB  # GPU memory is not in RSS
+    assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_a_keras_script_shows_tensorflow_allocator_peaks_and_the_host_share(tmp_path: Path):
     (tmp_path / "train.py").write_text(KERAS)
     done = tfmem_run(tmp_path, "--report", "run.json", "train.py", timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "trained\n"
     report = json.loads((tmp_path / "run.json").read_text())
-    assert set(report["tf_peaks"]) == {"CPU:0"} and 0 < report["tf_peaks"]["CPU:0"] < 100 * MiB  # a tiny fit
+    assert set(report["device_peaks"]) == {"tf:CPU:0"} and 0 < report["device_peaks"]["tf:CPU:0"] < 100 * MiB
+    assert report["tf_peaks"] == {"CPU:0": report["device_peaks"]["tf:CPU:0"]}  # version 1's field, kept
+    assert {tuple(levels) for _, levels in report["device_timeline"]} == {("tf:CPU:0",)}
     assert report["host_share"] >= 900 * MiB  # the NumPy data, outside TensorFlow's allocator
-    assert report["peak"] >= report["host_share"] + report["tf_peaks"]["CPU:0"]
-    assert "  TensorFlow allocator peaks: CPU:0 " in done.stderr
+    assert report["peak"] >= report["host_share"] + report["device_peaks"]["tf:CPU:0"]
+    assert "  device peaks: TF CPU:0 allocator " in done.stderr
     assert len(report["advice"]) == 1 and "stream it in batches with tf.data" in report["advice"][0]
     assert "docs/scenarios.md" in report["advice"][0]
 
@@ -305,9 +356,13 @@ def test_advice_on_the_batch_size_only_when_tensorflow_dominates_in_fit():
     in_fit = Place((("main", "train.py", 30),), "fit", 0.0)
     loading = Place((("load", "train.py", 10),), "array", 0.0)
     GiB = 2**30
-    assert "find_max_batch_size" in advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, in_fit, ["TensorFlow"])[0]
-    assert advise(3 * GiB, 0, {"GPU:0": 2 * GiB}, loading, ["TensorFlow"]) == []  # not reached in fit
-    assert advise(3 * GiB, 0, {"GPU:0": GiB}, in_fit, ["TensorFlow"]) == []  # TensorFlow does not dominate
+    (batch,) = advise(3 * GiB, 0, {"tf:GPU:0": 2 * GiB}, in_fit, ["TensorFlow"])
+    assert batch.startswith("The TF GPU:0 allocator holds most of the peak (2.0 GiB) during fit: a smaller batch")
+    assert "find_max_batch_size" in batch
+    (jax_gpu,) = advise(3 * GiB, 0, {"jax:gpu:0": 2 * GiB}, in_fit, ["JAX"])
+    assert jax_gpu.startswith("The JAX gpu:0 device holds most of the peak (2.0 GiB) during fit")
+    assert advise(3 * GiB, 0, {"tf:GPU:0": 2 * GiB}, loading, ["TensorFlow"]) == []  # not reached in fit
+    assert advise(3 * GiB, 0, {"tf:GPU:0": GiB}, in_fit, ["TensorFlow"]) == []  # TensorFlow does not dominate
     assert advise(3 * GiB, 2 * GiB, {}, None, []) == []  # no framework started: no advice
     (jax,) = advise(3 * GiB, 2 * GiB, {}, None, ["JAX"])  # JAX keeps no allocator view on CPU
     assert jax.startswith("2.0 GiB of the peak is data (NumPy arrays, Python objects) taken after JAX started; "
@@ -373,16 +428,42 @@ def test_agent_lines_cut_short_or_garbled_leave_the_summary_with_what_is_whole(t
 
     lines = [
         {"event": "agent", "pid": 42, "time": 1.0},
-        {"event": "reading", "rss": 10, "stack": [], "tf": {"CPU:0": "garbled"}, "time": 2.0},
+        {"event": "reading", "rss": 10, "stack": [], "views": {"tf:CPU:0": "garbled"}, "time": 2.0},
         {"event": "reading", "rss": 11, "stack": []},  # no time
-        {"event": "exit", "time": 3.0, "high_water_mark": 300 * MiB, "tf": {"CPU:0": [0, 200 * MiB]}},
+        {"event": "exit", "time": 3.0, "high_water_mark": 300 * MiB, "views": {"tf:CPU:0": [0, 200 * MiB]}},
     ]
     path = tmp_path / "agent.jsonl"
     path.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"event": "reading", "rss": 1')
     agent = AgentView.read(path)
     assert [reading.get("rss") for reading in agent.readings] == [None]  # the exit line alone
-    assert agent.rss_when_started() is None and agent.tf_peaks() == {"CPU:0": 200 * MiB}
+    assert agent.rss_when_started() is None and agent.device_peaks() == {"tf:CPU:0": 200 * MiB}
     assert agent.high_water_mark == 300 * MiB and agent.exited
+
+
+LIBRARY = """
+import sys
+
+
+def fit():
+    return sys._getframe()
+
+
+def error_handler(call):
+    return call()
+"""
+
+
+def test_the_place_names_the_library_function_called_past_its_wrappers(tmp_path: Path, monkeypatch):
+    from pytest_tfmem.run.agent import where
+
+    (tmp_path / "place_library.py").write_text(LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import place_library as library
+
+    place = where(library.error_handler(library.fit), (str(tmp_path),))
+    assert place["calling"] == "fit"
+    assert place["stack"][-1][0] == "test_the_place_names_the_library_function_called_past_its_wrappers"
+    assert where(library.error_handler(sys._getframe), (str(tmp_path),))["calling"] is None  # a wrapper alone
 
 
 STRESS = """

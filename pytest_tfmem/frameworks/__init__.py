@@ -98,19 +98,20 @@ def device_views() -> list[DeviceView]:
     return [view for framework in started() for view in framework.device_views()]
 
 
-def _owner(view: str) -> Framework | None:
+def owner(view: str) -> Framework | None:
+    """The framework whose device view ``view`` is (``tf:CPU:0``: TensorFlow)."""
     return next((framework for framework in KNOWN if view.startswith(framework.view_prefix)), None)
 
 
 def view_label(view: str) -> str | None:
     """``tf:CPU:0`` -> ``TF CPU:0 allocator``; ``None`` for a view no framework owns."""
-    owner = _owner(view)
-    return owner.view_label(view) if owner is not None else None
+    framework = owner(view)
+    return framework.view_label(view) if framework is not None else None
 
 
 def is_gpu_view(view: str) -> bool:
-    owner = _owner(view)
-    return owner is not None and owner.is_gpu_view(view)
+    framework = owner(view)
+    return framework is not None and framework.is_gpu_view(view)
 
 
 def holders(frameworks: Sequence[Framework] | None = None) -> dict[str, Holder]:

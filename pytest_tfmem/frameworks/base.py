@@ -84,6 +84,8 @@ class Framework(Protocol):
     gpu_environment: dict[str, str]
     # what its ``clear`` costs later ("" where nothing to speak of), said beside what it did
     clear_cost: str
+    # how to stream a dataset in batches with it, for advice: "tf.data"
+    data_pipeline: str
 
     def loaded(self) -> bool:
         """User code imported it (fully). Imports nothing."""

@@ -69,6 +69,7 @@ class Jax:
     view_prefix = "jax:"
     gpu_environment = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     clear_cost = "each function JAX compiled is compiled again at its next call"
+    data_pipeline = "a keras.utils.PyDataset or tf.data"
 
     def loaded(self) -> bool:
         jax = imported(MODULE)

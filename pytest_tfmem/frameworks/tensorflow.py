@@ -124,6 +124,7 @@ class TensorFlow:
     view_prefix = "tf:"
     gpu_environment = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
     clear_cost = ""  # the default graph is rebuilt as tests need it
+    data_pipeline = "tf.data"
 
     def loaded(self) -> bool:
         return loaded_tensorflow() is not None

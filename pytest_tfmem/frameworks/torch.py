@@ -56,6 +56,7 @@ class Torch:
     view_prefix = "torch:"
     gpu_environment: dict[str, str] = {}  # its caching allocator takes memory as needed
     clear_cost = "the next CUDA allocations ask the driver again (slower than from the cache)"
+    data_pipeline = "a torch.utils.data.DataLoader or keras.utils.PyDataset"
 
     def __init__(self) -> None:
         self._started = False

@@ -14,14 +14,15 @@ the script write their size at the fork into a page beside READINGS (``fork_size
 
 The thread (``tfmem-run-agent``) wakes every ``INTERVAL_S`` and reads, changing nothing the
 script does: where the main thread is (its Python stack), this process's RSS, which frameworks
-have started their runtime (TensorFlow, JAX, PyTorch), and, once TensorFlow has started its
-runtime, each of its device allocators' ``current`` and ``peak`` (it never starts a runtime
-itself, so the script can still configure its devices). A reading that differs from the last one
-written (another place in the script's own code, RSS moved by 1 MiB or more, an allocator's
-level changed), or a second after the last one, is appended to READINGS as one line of JSON in
-one ``write``: a kill loses none of what was written. When the script ends (by ``SystemExit``,
-an exception, or falling off its end) a last line holds the process's high-water mark
-(``VmHWM``) and the allocators' peaks.
+have started their runtime (TensorFlow, JAX, PyTorch), and, once one has, its device views'
+``current`` and ``peak`` (``Framework.device_views``: TensorFlow's allocators, a JAX GPU's
+``memory_stats()``, PyTorch's CUDA allocator; read, never reset). It never starts a runtime
+itself, so the script can still configure its devices. A reading that differs from the last one
+written (another place in the script's own code, RSS moved by 1 MiB or more, a view's level
+changed), or a second after the last one, is appended to READINGS as one line of JSON in one
+``write``: a kill loses none of what was written. When the script ends (by ``SystemExit``, an
+exception, or falling off its end) a last line holds the process's high-water mark (``VmHWM``)
+and the views' peaks.
 Its cost: one thread, a reading of a few microseconds ten times a second, and a line a reading
 at most (about 200 bytes).
 """
@@ -85,7 +86,8 @@ def _library_prefixes() -> tuple[str, ...]:
 def where(frame: FrameType | None, libraries: tuple[str, ...]) -> dict[str, Any]:
     """The script's own innermost frames (``[function, file, line]``, innermost last) and, when
     the innermost of them is in a library call, the function it called (``fit``; decorators'
-    wrappers such as Keras's ``error_handler`` passed over)."""
+    wrappers such as Keras's ``error_handler`` passed over: ``None`` when only a wrapper is
+    running, between its own lines)."""
     frames: list[tuple[str, str, int, bool]] = []
     while frame is not None:
         code = frame.f_code
@@ -98,7 +100,7 @@ def where(frame: FrameType | None, libraries: tuple[str, ...]) -> dict[str, Any]
         return {"stack": [], "calling": None}
     last = own[-1]
     called = [name for name, *_ in frames[last + 1 : last + 1 + WRAPPED_DEPTH]]
-    calling = next((name for name in called if name not in WRAPPERS), called[0] if called else None)
+    calling = next((name for name in called if name not in WRAPPERS), None)
     return {"stack": [[name, path, line] for name, path, line, mine in frames if mine][-FRAMES:], "calling": calling}
 
 
@@ -122,13 +124,14 @@ class Agent:
         self._descriptor = os.open(readings, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._libraries = _library_prefixes()
         self._main = threading.main_thread().ident or 0
-        self._tf_probe = _load_framework("tensorflow")
-        # the frameworks whose runtime the script started (named in each reading), and the rest
+        # the frameworks whose runtime the script started (named in each reading), those whose device
+        # views are still to be found (a GPU's appear when the script first uses it), and the rest
         self._started: list[str] = []
-        self._waiting = [
-            self._tf_probe.TensorFlow(), _load_framework("jax").Jax(), _load_framework("torch").Torch()
+        self._viewless: list[Any] = []
+        self._waiting: list[Any] = [
+            _load_framework("tensorflow").TensorFlow(), _load_framework("jax").Jax(), _load_framework("torch").Torch()
         ]
-        self._allocators: list[Any] | None = None
+        self._views: list[Any] = []
         self._last: dict[str, Any] = {}
         self._written_at = float("-inf")
         self._lock = threading.Lock()
@@ -147,32 +150,34 @@ class Agent:
     def _write(self, entry: dict[str, Any]) -> None:
         os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
 
-    def _tf_levels(self) -> dict[str, list[int]]:
-        """``{device: [current, peak]}`` once TensorFlow's runtime has started, else ``{}``."""
-        if self._allocators is None:
-            # first: during ``import tensorflow`` even ``hasattr(tf, ...)`` would run TensorFlow's lazy loader
-            if not self._tf_probe.runtime_started_elsewhere():
-                return {}
-            self._allocators = self._tf_probe.allocator_sources(self._tf_probe.loaded_tensorflow())
-        levels = {}
-        for allocator in self._allocators:
-            try:
-                levels[allocator.device] = [allocator.current(), allocator.peak()]
-            except Exception:  # TensorFlow shutting down
-                continue
-        return levels
-
     def _runtimes(self) -> list[str]:
         """The frameworks whose runtime has started (``TensorFlow``, ``JAX``), in the order seen."""
         for framework in [f for f in self._waiting if f.runtime_started_elsewhere()]:
             self._waiting.remove(framework)
+            self._viewless.append(framework)
             self._started.append(framework.name)
         return list(self._started)
+
+    def _view_levels(self) -> dict[str, list[int]]:
+        """``{view: [current, peak]}`` of the started frameworks' device views (``tf:CPU:0``)."""
+        for framework in list(self._viewless):
+            views = framework.device_views()
+            if views:
+                self._viewless.remove(framework)
+                self._views += views
+        levels = {}
+        for view in self._views:
+            try:
+                levels[view.name] = [view.current(), view.peak()]
+            except Exception:  # the framework shutting down
+                continue
+        return levels
 
     def _read(self) -> bool:
         try:
             frame = sys._current_frames().get(self._main)  # noqa: SLF001 - the one way to see another thread's stack
-            reading = {"rss": _rss(), "tf": self._tf_levels(), "runtimes": self._runtimes(),
+            runtimes = self._runtimes()
+            reading = {"rss": _rss(), "views": self._view_levels(), "runtimes": runtimes,
                        **where(frame, self._libraries)}
         except Exception:  # the interpreter is shutting down
             return False
@@ -181,7 +186,7 @@ class Agent:
         with self._lock:
             last = self._last
             moved = abs(reading["rss"] - last.get("rss", 0)) >= RSS_STEP
-            changed = moved or any(reading[key] != last.get(key) for key in ("tf", "runtimes", "stack"))
+            changed = moved or any(reading[key] != last.get(key) for key in ("views", "runtimes", "stack"))
             if changed or time.monotonic() - self._written_at >= HEARTBEAT_S:
                 self._last = reading
                 self._written_at = time.monotonic()
@@ -189,15 +194,15 @@ class Agent:
         return True
 
     def finish(self) -> None:
-        """The last line: the process's own high-water mark and the allocators' peaks."""
+        """The last line: the process's own high-water mark and the device views' peaks."""
         self._sampler.stop()
         try:
-            tf = self._tf_levels()
+            views = self._view_levels()
             mark = _high_water_mark()
         except Exception:
-            tf, mark = {}, None
+            views, mark = {}, None
         with self._lock:
-            self._write({"event": "exit", "time": time.time(), "high_water_mark": mark, "tf": tf})
+            self._write({"event": "exit", "time": time.time(), "high_water_mark": mark, "views": views})
             os.close(self._descriptor)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.sessions import Session
 from pytest_tfmem.journal.format import DEFAULT_PATH, JournalFile, reading_due
 from pytest_tfmem.probes import nvml as nvml_probe, system
@@ -279,24 +280,25 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
     peak = sum(marks.values()) or result.peak_rss
     peak_at = max(result.timeline, key=lambda reading: reading[1])[0] if result.timeline else 0.0
     place_at_peak = agent.place_at(started + peak_at) if agent.readings else None
-    tf_peaks = agent.tf_peaks()
-    cpu_tf = sum(value for device, value in tf_peaks.items() if device.startswith("CPU"))
+    device_peaks = agent.device_peaks()
     runtimes = agent.runtimes()
-    host_share = max(0, marks.get(pid, 0) - cpu_tf) if tf_peaks or runtimes else None
-    verdicts = summary.budget_verdicts(peak, options.budget, gpu_peaks, options.gpu_budget)
+    host_share = max(0, marks.get(pid, 0) - summary.host_view_total(device_peaks)) if runtimes else None
+    gpu_views = {view: value for view, value in device_peaks.items() if frameworks.is_gpu_view(view)}
+    verdicts = summary.budget_verdicts(peak, options.budget, {**gpu_peaks, **gpu_views}, options.gpu_budget)
     death = summary.explain_death(result, pid, passed[-1] if passed else None, limit, agent)
     exit_code = summary.shell_exit_code(result.returncode)
     if exit_code == 0 and verdicts:
         exit_code = EXIT_OVER_BUDGET
     before_runtime = agent.rss_when_started()
     host_data = None if host_share is None or before_runtime is None else max(0, host_share - before_runtime)
-    advice = summary.advise(peak, host_data, tf_peaks, agent.place_at_tf_peak(), runtimes)
+    advice = summary.advise(peak, host_data, device_peaks, agent.place_at_device_peak(), runtimes)
     return summary.RunSummary(
         command=target.label, kind=target.kind, returncode=result.returncode, exit_code=exit_code,
         duration_s=result.elapsed_s, peak=peak, high_water_marks=marks, script_pid=pid,
-        sampled_peak=result.peak_rss, interval_s=options.watch_interval_s, tf_peaks=tf_peaks, host_share=host_share,
+        sampled_peak=result.peak_rss, interval_s=options.watch_interval_s, device_peaks=device_peaks,
+        host_share=host_share,
         gpu_peaks=gpu_peaks, budget=options.budget, kill_at=options.kill_at, gpu_budget=options.gpu_budget,
         verdicts=tuple(verdicts), death=death, place_at_peak=place_at_peak, advice=tuple(advice),
         runtimes=tuple(runtimes),
-        timeline=result.timeline, tf_timeline=agent.tf_timeline(started),
+        timeline=result.timeline, device_timeline=agent.device_timeline(started),
     )

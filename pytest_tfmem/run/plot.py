@@ -1,14 +1,15 @@
 """A PNG of one ``tfmem run``'s memory over time: the process tree's RSS (host) and each
-TensorFlow device allocator's memory in use, with the budget, the kill limit and a death marked."""
+framework device view's memory in use, with the budget, the kill limit and a death marked."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.run.summary import RunSummary
 
 MIB = 2**20
-_TF_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+_VIEW_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 
 
 def plot_run(run: RunSummary, path: str | Path) -> None:
@@ -21,11 +22,11 @@ def plot_run(run: RunSummary, path: str | Path) -> None:
     if run.timeline:
         times, rss = zip(*run.timeline)
         axes.plot(times, [value / MIB for value in rss], color="#1f77b4", label="host: process tree RSS")
-    devices = sorted({device for _, levels in run.tf_timeline for device in levels})
-    for device, colour in zip(devices, _TF_COLOURS * len(devices)):
-        points = [(t, levels[device]) for t, levels in run.tf_timeline if device in levels]
+    views = sorted({view for _, levels in run.device_timeline for view in levels})
+    for view, colour in zip(views, _VIEW_COLOURS * len(views)):
+        points = [(t, levels[view]) for t, levels in run.device_timeline if view in levels]
         axes.step([t for t, _ in points], [value / MIB for _, value in points], where="post", color=colour,
-                  label=f"TensorFlow {device} allocator in use")
+                  label=f"{frameworks.view_label(view) or view} in use")
     for value, label, style in ((run.budget, "--budget", "--"), (run.kill_at, "--kill-at", ":")):
         if value is not None:
             axes.axhline(value / MIB, color="grey", ls=style, label=label)

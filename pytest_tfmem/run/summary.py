@@ -2,8 +2,8 @@
 
 Pure functions of what was seen: the watchdog's ``WatchResult`` (the outside view: the process
 tree's readings, each process's high-water mark, the exit status, the OOM-kill count) and the
-agent's readings (``AgentView``: where the script was, TensorFlow's allocators). No process is
-started or read here.
+agent's readings (``AgentView``: where the script was, the frameworks' device views). No process
+is started or read here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample, killed_by_oom_killer
@@ -102,19 +103,19 @@ class AgentView:
         seen = [reading for reading in self.readings if not reading.get("final") and reading["time"] <= moment]
         return Place.from_reading(seen[-1]) if seen else None
 
-    def tf_peaks(self) -> dict[str, int]:
-        """Each TensorFlow device allocator's peak over the run (bytes in use), as last read."""
+    def device_peaks(self) -> dict[str, int]:
+        """Each device view's peak over the run (``{"tf:CPU:0": bytes}``), as last read."""
         peaks: dict[str, int] = {}
         for reading in self.readings:
-            for device, (_, peak) in reading.get("tf", {}).items():
-                peaks[device] = max(peaks.get(device, 0), int(peak))
+            for view, (_, peak) in reading.get("views", {}).items():
+                peaks[view] = max(peaks.get(view, 0), int(peak))
         return peaks
 
-    def place_at_tf_peak(self) -> Place | None:
-        """Where the script was when an allocator's peak last rose."""
+    def place_at_device_peak(self) -> Place | None:
+        """Where the script was when the device views' peaks last rose."""
         best, place = 0, None
         for reading in self.readings:
-            total = sum(int(peak) for _, peak in reading.get("tf", {}).values())
+            total = sum(int(peak) for _, peak in reading.get("views", {}).values())
             if total > best and not reading.get("final"):
                 best, place = total, Place.from_reading(reading)
         return place
@@ -125,28 +126,34 @@ class AgentView:
         return list(dict.fromkeys(names))
 
     def rss_when_started(self) -> int | None:
-        """The script's RSS outside TensorFlow's CPU allocator when the agent first saw a
-        framework's runtime started: what the imports and anything before them took (``None`` if
-        no reading with both was made: the exit line has no RSS)."""
+        """The script's RSS outside the frameworks' host views (TensorFlow's CPU allocator) when
+        the agent first saw a framework's runtime started: what the imports and anything before
+        them took (``None`` if no reading with both was made: the exit line has no RSS)."""
         for reading in self.readings:
-            if (reading.get("tf") or reading.get("runtimes")) and isinstance(reading.get("rss"), int):
-                in_use = sum(int(c) for device, (c, _) in reading.get("tf", {}).items() if device.startswith("CPU"))
-                return int(reading["rss"]) - in_use
+            if (reading.get("views") or reading.get("runtimes")) and isinstance(reading.get("rss"), int):
+                levels = {view: current for view, (current, _) in reading.get("views", {}).items()}
+                return int(reading["rss"]) - host_view_total(levels)
         return None
 
-    def tf_timeline(self, start: float) -> list[tuple[float, dict[str, int]]]:
-        """``(seconds since start, {device: bytes in use})`` at each reading."""
-        return [(reading["time"] - start, {d: int(c) for d, (c, _) in reading["tf"].items()})
-                for reading in self.readings if reading.get("tf")]
+    def device_timeline(self, start: float) -> list[tuple[float, dict[str, int]]]:
+        """``(seconds since start, {view: bytes in use})`` at each reading."""
+        return [(reading["time"] - start, {view: int(c) for view, (c, _) in reading["views"].items()})
+                for reading in self.readings if reading.get("views")]
+
+
+def host_view_total(levels: dict[str, int]) -> int:
+    """Of ``{view: bytes}``, the bytes of views of host memory (in RSS: TensorFlow's CPU
+    allocator), not of a GPU."""
+    return sum(value for view, value in levels.items() if not frameworks.is_gpu_view(view))
 
 
 def _well_formed(entry: dict[str, Any]) -> bool:
     """An agent line whose fields the summary reads have the types it reads them as (each may be
     missing, except a reading's time)."""
-    tf = entry.get("tf", {})
-    devices_ok = isinstance(tf, dict) and all(
+    views = entry.get("views", {})
+    devices_ok = isinstance(views, dict) and all(
         isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(n, int) for n in value)
-        for value in tf.values()
+        for value in views.values()
     )
     timed = isinstance(entry.get("time"), (int, float)) or entry.get("event") not in ("reading", "exit")
     runtimes = entry.get("runtimes", [])
@@ -186,8 +193,8 @@ class RunSummary:
     script_pid: int
     sampled_peak: int  # the process tree's RSS, sampled
     interval_s: float
-    tf_peaks: dict[str, int]  # device -> allocator peak
-    host_share: int | None  # the script's peak outside TensorFlow's CPU allocator
+    device_peaks: dict[str, int]  # device view ("tf:CPU:0", "jax:gpu:0") -> its peak
+    host_share: int | None  # the script's peak outside the frameworks' host views
     gpu_peaks: dict[str, int]
     budget: int | None
     kill_at: int | None
@@ -197,7 +204,7 @@ class RunSummary:
     place_at_peak: Place | None
     advice: tuple[str, ...]
     timeline: list[tuple[float, int]] = field(default_factory=list)
-    tf_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    device_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     runtimes: tuple[str, ...] = ()  # the frameworks whose runtime the script started
 
     def lines(self) -> list[str]:
@@ -217,14 +224,16 @@ class RunSummary:
         lines.append(f"  peak {format_size(self.peak)} (the kernel's high-water marks{split}){where}")
         lines.append(f"  process tree RSS sampled every {every}: peak {format_size(self.sampled_peak)}, "
                      f"last {format_size(self.timeline[-1][1] if self.timeline else 0)}")
-        if self.tf_peaks:
-            devices = ", ".join(f"{device} {format_size(peak)}" for device, peak in sorted(self.tf_peaks.items()))
+        if self.device_peaks:
+            views = ", ".join(f"{frameworks.view_label(view) or view} {format_size(peak)}"
+                              for view, peak in sorted(self.device_peaks.items()))
             host = f"; host share (NumPy, Python, libraries) {format_size(self.host_share)}" if self.host_share else ""
-            lines.append(f"  TensorFlow allocator peaks: {devices}{host}")
-        started = [name for name in self.runtimes if name != "TensorFlow"]
+            lines.append(f"  device peaks: {views}{host}")
+        viewed = {owner.name for owner in map(frameworks.owner, self.device_peaks) if owner is not None}
+        started = [name for name in self.runtimes if name not in viewed]
         if started:
             host = f"; host share (NumPy, Python, libraries, their arrays) {format_size(self.host_share)}"
-            lines.append(f"  {' and '.join(started)} started{host if self.host_share else ''}")
+            lines.append(f"  {' and '.join(started)} started{host if self.host_share and not viewed else ''}")
         if self.gpu_peaks:
             lines.append("  GPU (NVML, sampled): " + ", ".join(
                 f"{device} {format_size(peak)}" for device, peak in sorted(self.gpu_peaks.items())))
@@ -240,8 +249,16 @@ class RunSummary:
         data = asdict(self)
         data["high_water_marks"] = {str(pid): mark for pid, mark in self.high_water_marks.items()}
         data["timeline"] = [[round(t, 3), rss] for t, rss in downsample(self.timeline, 500)]
-        data["tf_timeline"] = [[round(t, 3), levels] for t, levels in self.tf_timeline[-2000:]]
+        data["device_timeline"] = [[round(t, 3), levels] for t, levels in self.device_timeline[-2000:]]
+        # version 1's TensorFlow-only fields, kept for the readers of reports: its views, by device
+        data["tf_peaks"] = _tensorflow_devices(self.device_peaks)
+        data["tf_timeline"] = [[t, tf] for t, levels in data["device_timeline"] if (tf := _tensorflow_devices(levels))]
         return data
+
+
+def _tensorflow_devices(levels: dict[str, int]) -> dict[str, int]:
+    """``{"tf:CPU:0": n, "jax:gpu:0": m}`` -> ``{"CPU:0": n}``."""
+    return {view.removeprefix("tf:"): value for view, value in levels.items() if view.startswith("tf:")}
 
 
 def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | None, limit: MemoryLimit,
@@ -265,35 +282,42 @@ def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | Non
     return Death(pid, sig.name, sender, cause, result.last_rss, limit.bytes, limit.source, place)
 
 
-def advise(peak: int, host_data: int | None, tf_peaks: dict[str, int], at_tf_peak: Place | None,
+def advise(peak: int, host_data: int | None, device_peaks: dict[str, int], at_device_peak: Place | None,
            runtimes: list[str]) -> list[str]:
     """Advice where the figures are clear, for a script that uses a framework (``runtimes``: those
     whose runtime it started); nothing otherwise.
 
     ``host_data``: the host share beyond what the script held when the first framework's runtime
     started (its imports, TensorFlow's ~600 MiB included, are not data). When that dominates the
-    peak and is more than twice TensorFlow's allocator peaks: stream the data. When TensorFlow's
-    allocators dominate and their peak was reached in ``fit``: the batch size.
+    peak and is more than twice the device views' peaks: stream the data. When the device views
+    dominate and their peak was reached in ``fit``: the batch size.
     """
     advice = []
-    tf_total = sum(tf_peaks.values())
+    viewed = sum(device_peaks.values())
     dominant = max(DOMINANT_SHARE * peak, ADVICE_MINIMUM)
-    used = runtimes or (["TensorFlow"] if tf_peaks else [])
-    if used and host_data is not None and host_data >= max(0.4 * peak, ADVICE_MINIMUM) and host_data > 2 * tf_total:
-        outside = "outside TensorFlow's allocator " if tf_peaks else ""
-        streams = "tf.data" if used[0] == "TensorFlow" else "a keras.utils.PyDataset or tf.data"
+    first = next((framework for framework in frameworks.KNOWN if runtimes and framework.name == runtimes[0]), None)
+    if first is not None and host_data is not None and host_data >= max(0.4 * peak, ADVICE_MINIMUM) \
+            and host_data > 2 * viewed:
+        host_views = [label for view in device_peaks if (label := _host_view_label(view))]
+        outside = f"outside the {' and the '.join(host_views)} " if host_views else ""
         advice.append(
             f"{format_size(host_data)} of the peak is data {outside}(NumPy arrays, Python objects) taken after "
-            f"{used[0]} started; stream it in batches with {streams} instead of loading it whole "
+            f"{first.name} started; stream it in batches with {first.data_pipeline} instead of loading it whole "
             f"(see {SCENARIOS}, \"Large dataset\")"
         )
-    if tf_total >= dominant and at_tf_peak is not None and at_tf_peak.training:
+    if viewed >= dominant and at_device_peak is not None and at_device_peak.training:
+        holding = [frameworks.view_label(view) or view for view, value in device_peaks.items() if value]
+        verb = "hold" if len(holding) > 1 else "holds"
         advice.append(
-            f"TensorFlow's allocator holds most of the peak ({format_size(tf_total)}) during fit: a smaller batch "
-            f"size lowers it; pytest_tfmem.find_max_batch_size finds the largest that fits a budget "
+            f"The {' and the '.join(holding)} {verb} most of the peak ({format_size(viewed)}) during fit: a smaller "
+            f"batch size lowers it; pytest_tfmem.find_max_batch_size finds the largest that fits a budget "
             f"(see {SCENARIOS}, \"Big batch\")"
         )
     return advice
+
+
+def _host_view_label(view: str) -> str | None:
+    return None if frameworks.is_gpu_view(view) else frameworks.view_label(view)
 
 
 def budget_verdicts(peak: int, budget: int | None, gpu_peaks: dict[str, int], gpu_budget: int | None) -> list[str]:
