@@ -288,7 +288,7 @@ RUN_DESCRIPTION = """Run a Python script, a Python module or any program; say at
 why it died if it was killed.
 
   tfmem run [OPTIONS] script.py [ARGS]    a Python script, with an agent in its process (where
-                                          it was, TensorFlow's allocators) from its first line
+                                          it was, the frameworks' device figures) from its first line
   tfmem run [OPTIONS] -m module [ARGS]    a Python module, the same way
   tfmem run [OPTIONS] -- COMMAND [ARGS]   any program: its process tree seen from outside only
 
@@ -417,9 +417,11 @@ COMMANDS = [
             argument("--kill-at", type=_size("--kill-at size"), metavar="SIZE",
                      help="kill the process tree (SIGKILL) as soon as its RSS reaches SIZE"),
             argument("--gpu-budget", type=_size("--gpu-budget size"), metavar="SIZE",
-                     help="exit code 1 when the program's memory on a GPU (NVML) passes SIZE"),
+                     help="exit code 1 when the program's memory on a GPU (NVML, or a framework's GPU view) "
+                          "passes SIZE"),
             argument("--report", metavar="PATH", help="write the figures as JSON (format: docs/ci.md)"),
-            argument("--plot", metavar="PNG", help="draw the memory timeline, host and TensorFlow (matplotlib)"),
+            argument("--plot", metavar="PNG",
+                     help="draw the memory timeline, host and the frameworks' device views (matplotlib)"),
             argument("--results", metavar="PATH",
                      help="the results journal tfmem last reads (default .tfmem/results.jsonl here)"),
         ),
