@@ -1,7 +1,7 @@
 """Memory by line: a line tracer that charges each line of chosen functions with the memory it took.
 
 At every line event in a traced function the tracer restarts one peak window per memory view
-(host RSS through the kernel's high-water mark, each TensorFlow allocator): the window that
+(host RSS through the kernel's high-water mark, each framework's device view): the window that
 ends belongs to the line that just ran. Each line's peak is therefore exact, not sampled: a
 300 MB array that lives for microseconds inside one line is charged to that line. The windows
 go through the process-wide ``PeakTracker`` of each view, so an enclosing window (the test's
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import PeakTracker, ViewReading, probes
 from pytest_tfmem.units import format_size
 
@@ -34,13 +35,15 @@ MAX_CONTENTS = 72
 
 
 def line_trackers() -> list[PeakTracker]:
-    """The views a line is measured in: host RSS and TensorFlow's allocators (not NVML: too slow per line)."""
-    return [t for t in probes().trackers() if t.source.name == "host" or t.source.name.startswith("tf:")]
+    """The views a line is measured in: host RSS and the frameworks' device views (TensorFlow's
+    allocators, a JAX or PyTorch GPU); not NVML: too slow per line."""
+    return [t for t in probes().trackers() if t.source.name == "host" or frameworks.owner(t.source.name) is not None]
 
 
 def is_host_side(view: str) -> bool:
-    """Views that make up the headline peak (``Measurement.peak``): host RSS and TF CPU allocators."""
-    return view == "host" or view.startswith("tf:CPU")
+    """Views that make up the headline peak (``Measurement.peak``): host RSS and the frameworks'
+    views of host memory (TensorFlow's CPU allocator), not a GPU's."""
+    return view == "host" or (frameworks.owner(view) is not None and not frameworks.is_gpu_view(view))
 
 
 def resolve_function(dotted: str) -> CodeType:
@@ -98,7 +101,7 @@ class LineRow:
         return [figures for view, figures in self.views.items() if is_host_side(view) != gpu]
 
     def peak_increase(self, gpu: bool = False) -> int | None:
-        """Largest increase in the headline views (host RSS, TF CPU), or in the GPU views."""
+        """Largest increase in the headline views (host RSS, a host pool such as TF CPU), or in the GPU views."""
         figures = self._headline(gpu)
         return max(f.peak_increase for f in figures) if figures else None
 

@@ -57,7 +57,8 @@ TF_SECTION = "memory at the peak by TensorFlow op"
 UNEXPLAINED = "could not explain this failure"  # the warning when explaining fails
 LEGEND = [
     "Peak+: the largest increase while the line ran; Net: what the line kept;",
-    "Peak: the highest level while it ran, above where tracing began (host RSS or TF CPU allocator, the larger)",
+    "Peak: the highest level while it ran, above where tracing began (host RSS or a framework's host",
+    "pool such as TensorFlow's CPU allocator, the larger)",
 ]
 _DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 # A test's report sections, and its own run when traced from the start, on its item.
