@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         bytecode = Path(temporary) / "bytecode"
         warm_up(Path(temporary), bytecode)
         pairs = run_pairs([name for _ in range(args.repeat) for name in names], suites, bytecode)
+        if args.output:
+            from benchmarks.per_test_profile import profile_table
+
+            profiled = profile_table(args.trivial_tests, 12, bytecode)
     tests = {**dict.fromkeys(KERAS_KINDS, args.keras_tests), "trivial-tf": args.trivial_tests,
              "drift": args.trivial_tests, "processes": args.keras_tests, "session-start": 1}
     rows = []
@@ -389,8 +393,6 @@ def main(argv: list[str] | None = None) -> int:
     table = render(rows)
     print(table)
     if args.output:
-        from benchmarks.per_test_profile import profile_table
-
         heading = (
             f"# What measuring every test costs\n\n{machine.written_by('benchmarks/suite_overhead.py', argv)}; "
             "each suite run without and with tfmem at the same time on one core, medians over the pairs (of the times, "
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\n\n## Where a test's time goes\n\nOne session of {args.trivial_tests} trivial tests under `cProfile`, "
             "by module of pytest-tfmem: its own functions, and the calls they make outside it (`/proc` reads, `gc`, "
             "`json`). The profiler slows Python code more than system calls: read the shares. See "
-            "`benchmarks/per_test_profile.py`.\n\n" + profile_table(args.trivial_tests, 12) + PER_TEST_WORK
+            "`benchmarks/per_test_profile.py`.\n\n" + profiled + PER_TEST_WORK
         )
         write_text_atomic(args.output, heading + table + profile + "\n")
     return 0
