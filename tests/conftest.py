@@ -28,17 +28,20 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # pytest-randomly (in the test extra) would shuffle every inner pytest run and reseed ``random``
 # in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite. It is off in every
-# inner run unless the run asks for it with ``-p randomly`` (tests/test_compatibility.py): here for
-# plain subprocesses (module-scoped fixtures' too), and in ``pytester`` below, which discards the
-# outer PYTEST_ADDOPTS.
-NO_RANDOMLY = "-p no:randomly"
-os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {NO_RANDOMLY}".strip()
+# inner run unless the run asks for it with ``-p randomly`` (tests/test_compatibility.py). So is
+# Hypothesis's plugin, which no test uses and which a machine may have installed for other
+# projects: its import took 0.45 s of CPU in each of the suite's several hundred inner runs. Here
+# for plain subprocesses (module-scoped fixtures' too), and in ``pytester`` below, which discards
+# the outer PYTEST_ADDOPTS.
+INNER_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest"
+os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {INNER_RUN_OPTIONS}".strip()
 
 
 @pytest.fixture
 def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """pytest's ``pytester``, its inner runs (in process and in subprocesses) in file order."""
-    monkeypatch.setenv("PYTEST_ADDOPTS", NO_RANDOMLY)
+    """pytest's ``pytester``, its inner runs (in process and in subprocesses) in file order and
+    without Hypothesis's plugin."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", INNER_RUN_OPTIONS)
     return pytester
 
 
