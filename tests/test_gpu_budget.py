@@ -16,12 +16,12 @@ import pytest
 
 from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.frameworks import set_gpu_environment
 from pytest_tfmem.frameworks.tensorflow import TensorFlow, allocator_sources
 from pytest_tfmem.gpu.plugin import (
     check_gpu_budget,
     gpu_views,
     held_to_gpu_budgets,
-    set_gpu_environment,
     summary_notes,
 )
 

@@ -289,7 +289,9 @@ def test_gpu_budget_on_what_nvml_sees_of_the_script(tmp_path: Path):
 
 
 FAKE_JAX_GPU = """
-import sys, time, types
+import os, sys, time, types
+
+print(os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE"), os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"))
 
 
 class Gpu:  # jax.Device as the agent reads it: a level and a lifetime peak
@@ -320,15 +322,20 @@ time.sleep(0.5)
 
 def test_a_jax_gpu_is_read_judged_and_drawn_through_its_device_view(tmp_path: Path):
     """The agent reads any framework's device views: a JAX GPU's ``memory_stats()`` (a fake: this
-    machine has no GPU) is shown, held to ``--gpu-budget`` and kept in the report's timeline."""
+    machine has no GPU) is shown, held to ``--gpu-budget`` and kept in the report's timeline. With
+    a GPU budget the frameworks' pools are off, where the user did not choose."""
     (tmp_path / "jax_gpu.py").write_text(FAKE_JAX_GPU)
-    done = tfmem_run(tmp_path, "--gpu-budget", "2GiB", "--report", "run.json", "--plot", "run.png", "jax_gpu.py")
+    done = tfmem_run(tmp_path, "--gpu-budget", "2GiB", "--report", "run.json", "--plot", "run.png", "jax_gpu.py",
+                     env={"TF_FORCE_GPU_ALLOW_GROWTH": "false"})
     assert done.returncode == 1, done.stderr
+    assert done.stdout == "false false\n"  # preallocation off; the user's TensorFlow setting kept
+    assert "  XLA_PYTHON_CLIENT_PREALLOCATE=false set for the program (--gpu-budget given)" in done.stderr
     assert "  device peaks: JAX gpu:0 device 3.0 GiB; host share (NumPy, Python, libraries) " in done.stderr
     assert "  over GPU budget on jax:gpu:0: 3.0 GiB > --gpu-budget=2.0 GiB" in done.stderr
     assert "JAX started" not in done.stderr  # its view says so
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["runtimes"] == ["JAX"] and report["device_peaks"] == {"jax:gpu:0": 3 * 2**30}
+    assert report["gpu_environment"] == ["XLA_PYTHON_CLIENT_PREALLOCATE=false"]
     assert report["tf_peaks"] == {} and report["tf_timeline"] == []
     levels = [levels["jax:gpu:0"] for _, levels in report["device_timeline"]]
     assert 3 * 2**30 in levels and levels[-1] == 2**30

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from types import FunctionType, ModuleType
 from typing import Any
 
@@ -162,3 +162,17 @@ def clear() -> list[str]:
         cost = f" ({framework.clear_cost})" if framework.clear_cost else ""
         cleared += [f"{action}{cost}" for action in framework.clear()]
     return cleared
+
+
+def set_gpu_environment(environ: MutableMapping[str, str]) -> list[str]:
+    """Set each framework's GPU variables (``TF_FORCE_GPU_ALLOW_GROWTH=true``,
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) in ``environ`` unless the user set them; the
+    ``NAME=value`` set. Without them a framework takes a GPU's memory as a pool at its start, and
+    NVML reads the pool."""
+    done = []
+    for framework in KNOWN:
+        for name, value in framework.gpu_environment.items():
+            if name not in environ:
+                environ[name] = value
+                done.append(f"{name}={value}")
+    return done

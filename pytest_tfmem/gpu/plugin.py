@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -170,19 +170,7 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     return Verdict(CHECK, peak <= budget, f"{message}; {note}" if note else message)
 
 
-# -- TensorFlow's device set-up ------------------------------------------------------------
-
-
-def set_gpu_environment(environ: MutableMapping[str, str]) -> list[str]:
-    """Set each framework's GPU variables (``TF_FORCE_GPU_ALLOW_GROWTH=true``,
-    ``XLA_PYTHON_CLIENT_PREALLOCATE=false``) unless the user set them; the ``NAME=value`` set."""
-    done = []
-    for framework in frameworks.KNOWN:
-        for name, value in framework.gpu_environment.items():
-            if name not in environ:
-                environ[name] = value
-                done.append(f"{name}={value}")
-    return done
+# -- The frameworks' device set-up ----------------------------------------------------------
 
 
 def gpu_options_given(config: pytest.Config) -> list[str]:
@@ -238,7 +226,7 @@ class TfmemGpu:
         # GPU settings only when a GPU option asks for them: otherwise the environment is left alone.
         self.options_given = gpu_options_given(config)
         wants_growth = bool(self.options_given) and values["gpu_memory_growth"]
-        self.variables_set = set_gpu_environment(os.environ) if wants_growth else []
+        self.variables_set = frameworks.set_gpu_environment(os.environ) if wants_growth else []
         # The variables are read when a framework starts its runtime: too late for one that did.
         self.started_before = {framework.module for framework in frameworks.started()} if self.variables_set else set()
         self.nvml: Nvml | None = None

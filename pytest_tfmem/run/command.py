@@ -236,7 +236,11 @@ def run(target: Target, options: RunOptions) -> int:
         limit = system.applicable_memory_limit()
         started = time.time()
         told = ForkSizes(told_sizes_path(str(readings)))  # what the script's forks tell (the agent's page)
-        process = subprocess.Popen(target.child_argv(readings))
+        environment, gpu_environment = None, []
+        if options.gpu_budget is not None:  # GPU figures of a framework's pool would say nothing
+            environment = dict(os.environ)
+            gpu_environment = frameworks.set_gpu_environment(environment)
+        process = subprocess.Popen(target.child_argv(readings), env=environment)
         gpu, gpu_sampler = _open_gpu(options, process.pid)
 
         def on_reading(elapsed: float, rss: int) -> None:
@@ -252,7 +256,8 @@ def run(target: Target, options: RunOptions) -> int:
             gpu.close()
         agent = summary.AgentView.read(readings)
         try:
-            outcome = summarise(target, options, result, process.pid, passed, limit, agent, gpu_peaks, started)
+            outcome = summarise(target, options, result, process.pid, passed, limit, agent, gpu_peaks, started,
+                                gpu_environment)
             lines = outcome.lines()
         except Exception as error:  # the figures were cut short in a way not foreseen: the exit code stands
             code = summary.shell_exit_code(result.returncode)
@@ -273,7 +278,7 @@ def run(target: Target, options: RunOptions) -> int:
 
 def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int, passed: list[signal.Signals],
               limit: system.MemoryLimit, agent: summary.AgentView, gpu_peaks: dict[str, int],
-              started: float) -> summary.RunSummary:
+              started: float, gpu_environment: list[str]) -> summary.RunSummary:
     marks = dict(result.high_water_marks)
     if agent.high_water_mark is not None:  # read by the script's process itself as it exited: exact
         marks[pid] = max(marks.get(pid, 0), agent.high_water_mark)
@@ -299,6 +304,6 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
         host_share=host_share,
         gpu_peaks=gpu_peaks, budget=options.budget, kill_at=options.kill_at, gpu_budget=options.gpu_budget,
         verdicts=tuple(verdicts), death=death, place_at_peak=place_at_peak, advice=tuple(advice),
-        runtimes=tuple(runtimes),
+        runtimes=tuple(runtimes), gpu_environment=tuple(gpu_environment),
         timeline=result.timeline, device_timeline=agent.device_timeline(started),
     )

@@ -206,6 +206,7 @@ class RunSummary:
     timeline: list[tuple[float, int]] = field(default_factory=list)
     device_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     runtimes: tuple[str, ...] = ()  # the frameworks whose runtime the script started
+    gpu_environment: tuple[str, ...] = ()  # "XLA_PYTHON_CLIENT_PREALLOCATE=false": set for the script
 
     def lines(self) -> list[str]:
         """The few lines printed at the end."""
@@ -234,6 +235,8 @@ class RunSummary:
         if started:
             host = f"; host share (NumPy, Python, libraries, their arrays) {format_size(self.host_share)}"
             lines.append(f"  {' and '.join(started)} started{host if self.host_share and not viewed else ''}")
+        if self.gpu_environment:
+            lines.append(f"  {', '.join(self.gpu_environment)} set for the program (--gpu-budget given)")
         if self.gpu_peaks:
             lines.append("  GPU (NVML, sampled): " + ", ".join(
                 f"{device} {format_size(peak)}" for device, peak in sorted(self.gpu_peaks.items())))
