@@ -33,10 +33,10 @@ from pytest_tfmem.leaks.check import leak_check
 MIB = 2**20
 
 
-def measured(peak: int, gpu: int | None = None) -> Measurement:
+def measured(peak: int, gpu: int | None = None, gpu_view: str = "tf:GPU:0") -> Measurement:
     views = [ViewReading("host", 1000, 1000 + peak, 1000)]
     if gpu is not None:
-        views.append(ViewReading("tf:GPU:0", 0, gpu, 0))
+        views.append(ViewReading(gpu_view, 0, gpu, 0))
     return Measurement(tuple(views), 0.1)
 
 
@@ -103,6 +103,16 @@ def test_gpu_views_are_held_to_their_own_baseline():
     assert {c.quantity: c.status for c in comparisons} == {"peak": WITHIN, "tf:GPU:0": REGRESSION}
     verdict = baseline_verdict(comparisons)
     assert not verdict.ok and verdict.message.startswith("GPU:0 peak 400.0 MiB vs baseline 200.0 MiB (+100.0% > 10%)")
+
+
+@pytest.mark.parametrize("view", ["jax:gpu:0", "torch:cuda:0"])
+def test_jax_and_pytorch_gpu_views_are_held_to_their_own_baseline_too(view: str):
+    entry = BaselineEntry(100 * MIB, {"host": 100 * MIB, view: 200 * MIB, "nvml:0": 900 * MIB})
+    assert entry.quantities() == {"peak": 100 * MIB, view: 200 * MIB}  # NVML's pool is not held
+    comparisons = compare("t", measured(100 * MIB, gpu=400 * MIB, gpu_view=view), entry, parse_tolerance("10%"))
+    assert {c.quantity: c.status for c in comparisons} == {"peak": WITHIN, view: REGRESSION}
+    device = view.split(":", 1)[1]
+    assert baseline_verdict(comparisons).message.startswith(f"{device} peak 400.0 MiB vs baseline 200.0 MiB")
 
 
 def record(nodeid: str, peak: int, outcome: str = "passed", extra: dict | None = None) -> TestRecord:

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.handoffs import LeakHandoff
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
@@ -46,13 +47,14 @@ FORMAT = VersionedJson(
 
 
 def compared_quantities(measurement: Measurement) -> dict[str, int]:
-    """What a baseline holds a test to: the headline ``peak``, and each GPU allocator's increase.
+    """What a baseline holds a test to: the headline ``peak``, and each framework GPU view's
+    increase (TensorFlow's and PyTorch's allocators, JAX's devices).
 
     GPU memory is not part of the headline peak, so each GPU view is held on its own.
     """
     quantities = {"peak": measurement.peak}
     for view in measurement.views:
-        if view.view.startswith("tf:GPU"):
+        if frameworks.is_gpu_view(view.view):
             quantities[view.view] = view.increase
     return quantities
 
@@ -68,7 +70,7 @@ class BaselineEntry:
 
     def quantities(self) -> dict[str, int]:
         quantities = {"peak": self.peak}
-        quantities.update({name: value for name, value in self.views.items() if name.startswith("tf:GPU")})
+        quantities.update({name: value for name, value in self.views.items() if frameworks.is_gpu_view(name)})
         return quantities
 
     def to_dict(self) -> dict[str, Any]:

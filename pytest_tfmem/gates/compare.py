@@ -31,7 +31,8 @@ STATUS_ORDER = (REGRESSION, IMPROVEMENT, NEW, WITHIN)
 
 @dataclass(frozen=True)
 class Comparison:
-    """One quantity of one test (``peak``, or a GPU view such as ``tf:GPU:0``) against its baseline."""
+    """One quantity of one test (``peak``, or a GPU view such as ``tf:GPU:0`` or ``jax:gpu:0``)
+    against its baseline."""
 
     nodeid: str
     quantity: str
@@ -71,7 +72,7 @@ class Comparison:
     def label(self) -> str:
         if self.quantity in ("peak", RETAINED):
             return self.quantity
-        return f"{self.quantity[3:]} peak"
+        return f"{self.quantity.split(':', 1)[-1]} peak"  # tf:GPU:0 -> GPU:0 peak
 
     def describe_change(self) -> str:
         """``+26.9%`` for a percentage tolerance, ``+172.0 MiB`` for a size, both for both."""

@@ -196,7 +196,7 @@ def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str], *, 
     notes = []
     views = {v.view for r in records if r.measurement for v in r.measurement.views}
     if views_note and not any(view.startswith("nvml:") for view in views):
-        what = "NVML views" if any(view.startswith("tf:GPU") for view in views) else "GPU views"
+        what = "NVML views" if any(frameworks.is_gpu_view(view) for view in views) else "GPU views"
         notes.append(f"no {what}: {nvml_reason()}")
     notes += sorted({problem for r in records for problem in r.extra.get(EXTRA, {}).get("problems", ())})
     unchecked = [r for r in records if "unchecked_gpu_budget" in r.extra.get(EXTRA, {})]
