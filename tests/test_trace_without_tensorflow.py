@@ -214,3 +214,11 @@ def test_a_trace_that_cannot_be_written_warns_and_leaves_the_failure_as_it_was(p
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["E       AssertionError: assert 2000000 == 2", "*PytestWarning: pytest-tfmem: no trace for this test:*"])
     assert " tfmem trace " not in result.stdout.str()
+
+
+def test_each_view_has_a_scalar_tag_of_its_own():
+    from pytest_tfmem.trace.timeline import scalar_tag
+
+    tags = [scalar_tag(view) for view in ("host", "children", "tf:CPU:0", "jax:gpu:0", "torch:cuda:1")]
+    assert tags == ["memory/host_rss_mib", "memory/children_mib", "memory/tf_CPU:0_mib", "memory/jax_gpu:0_mib",
+                    "memory/torch_cuda:1_mib"]

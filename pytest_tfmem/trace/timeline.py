@@ -1,6 +1,6 @@
 """The memory timeline of one traced test: sampled, then written as TensorBoard scalars and a PNG.
 
-A ``Sampler`` reads host RSS and each TensorFlow allocator's current level every
+A ``Sampler`` reads host RSS and each framework device view's current level every
 ``INTERVAL_S``. Values are kept in bytes and shown above the test's starting level (the
 quantity the budget applies to). The sampled curve can miss a spike shorter than the
 interval; the exact peak of the run (kernel high-water mark, allocator peak) is drawn beside
@@ -41,9 +41,9 @@ def host_view() -> MemoryView:
 
 
 def scalar_tag(view: str) -> str:
-    """``host`` -> ``memory/host_rss_mib``; ``tf:CPU:0`` -> ``memory/tf_CPU:0_mib``; ``children`` ->
-    ``memory/children_mib``."""
-    return SCALAR_PREFIX + ("host_rss" if view == "host" else view.replace("tf:", "tf_")) + "_mib"
+    """``host`` -> ``memory/host_rss_mib``; ``tf:CPU:0`` -> ``memory/tf_CPU:0_mib``; ``jax:gpu:0`` ->
+    ``memory/jax_gpu:0_mib``; ``children`` -> ``memory/children_mib``."""
+    return SCALAR_PREFIX + ("host_rss" if view == "host" else view.replace(":", "_", 1)) + "_mib"
 
 
 @dataclass
