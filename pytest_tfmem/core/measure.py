@@ -167,8 +167,9 @@ class Measurement:
 
     @property
     def tf_host(self) -> int:
-        """Largest increase among TensorFlow's CPU allocators (0 when TF is not in use)."""
-        return max((v.increase for v in self.views if v.view.startswith("tf:CPU")), default=0)
+        """Largest increase among the frameworks' views of host memory (TensorFlow's CPU
+        allocators, the one framework that pools host memory; 0 where none is read)."""
+        return max((v.increase for v in self.views if frameworks.is_host_view(v.view)), default=0)
 
     @property
     def gpu(self) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core.first_imports import section_lines
 from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord
@@ -99,12 +100,12 @@ def _gpu_views(records: Sequence[TestRecord]) -> list[ViewReading]:
 
 def _figure_cells(name: str, m: Measurement, with_nvml: bool, with_children: bool = False) -> list[str]:
     """The name, peak, host, TF CPU, TF GPU (children, NVML) cells of a row."""
-    has_tf = any(v.view.startswith("tf:CPU") for v in m.views)
+    has_host_pool = any(frameworks.is_host_view(v.view) for v in m.views)
     return [
         name,
         format_size(m.peak),
         format_size(m.host),
-        format_size(m.tf_host) if has_tf else "-",
+        format_size(m.tf_host) if has_host_pool else "-",
         format_size(m.gpu),
         *([format_size(m.children_peak) if m.children is not None else "-"] if with_children else []),
         *([_nvml(m)] if with_nvml else []),

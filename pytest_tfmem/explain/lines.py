@@ -43,7 +43,7 @@ def line_trackers() -> list[PeakTracker]:
 def is_host_side(view: str) -> bool:
     """Views that make up the headline peak (``Measurement.peak``): host RSS and the frameworks'
     views of host memory (TensorFlow's CPU allocator), not a GPU's."""
-    return view == "host" or (frameworks.owner(view) is not None and not frameworks.is_gpu_view(view))
+    return view == "host" or frameworks.is_host_view(view)
 
 
 def resolve_function(dotted: str) -> CodeType:

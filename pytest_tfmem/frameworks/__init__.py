@@ -114,6 +114,12 @@ def is_gpu_view(view: str) -> bool:
     return framework is not None and framework.is_gpu_view(view)
 
 
+def is_host_view(view: str) -> bool:
+    """A framework's view of host memory (``tf:CPU:0``), which host RSS includes."""
+    framework = owner(view)
+    return framework is not None and not framework.is_gpu_view(view)
+
+
 def holders(frameworks: Sequence[Framework] | None = None) -> dict[str, Holder]:
     """What the loaded frameworks hold, by holder name."""
     found: dict[str, Holder] = {}

@@ -144,7 +144,7 @@ class AgentView:
 def host_view_total(levels: dict[str, int]) -> int:
     """Of ``{view: bytes}``, the bytes of views of host memory (in RSS: TensorFlow's CPU
     allocator), not of a GPU."""
-    return sum(value for view, value in levels.items() if not frameworks.is_gpu_view(view))
+    return sum(value for view, value in levels.items() if frameworks.is_host_view(view))
 
 
 def _well_formed(entry: dict[str, Any]) -> bool:
@@ -320,7 +320,7 @@ def advise(peak: int, host_data: int | None, device_peaks: dict[str, int], at_de
 
 
 def _host_view_label(view: str) -> str | None:
-    return None if frameworks.is_gpu_view(view) else frameworks.view_label(view)
+    return frameworks.view_label(view) if frameworks.is_host_view(view) else None
 
 
 def budget_verdicts(peak: int, budget: int | None, gpu_peaks: dict[str, int], gpu_budget: int | None) -> list[str]:
