@@ -170,7 +170,7 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     return Verdict(CHECK, peak <= budget, f"{message}; {note}" if note else message)
 
 
-# -- The frameworks' device set-up ----------------------------------------------------------
+# -- the options given, and the summary's notes ---------------------------------------------
 
 
 def gpu_options_given(config: pytest.Config) -> list[str]:

@@ -176,7 +176,7 @@ class Agent:
     def _read(self) -> bool:
         try:
             frame = sys._current_frames().get(self._main)  # noqa: SLF001 - the one way to see another thread's stack
-            runtimes = self._runtimes()
+            runtimes = self._runtimes()  # first: a framework's views are looked for once it has started
             reading = {"rss": _rss(), "views": self._view_levels(), "runtimes": runtimes,
                        **where(frame, self._libraries)}
         except Exception:  # the interpreter is shutting down

@@ -298,10 +298,11 @@ def advise(peak: int, host_data: int | None, device_peaks: dict[str, int], at_de
     advice = []
     viewed = sum(device_peaks.values())
     dominant = max(DOMINANT_SHARE * peak, ADVICE_MINIMUM)
-    first = next((framework for framework in frameworks.KNOWN if runtimes and framework.name == runtimes[0]), None)
+    by_name = {framework.name: framework for framework in frameworks.KNOWN}
+    first = by_name.get(runtimes[0]) if runtimes else None  # the framework started first
     if first is not None and host_data is not None and host_data >= max(0.4 * peak, ADVICE_MINIMUM) \
             and host_data > 2 * viewed:
-        host_views = [label for view in device_peaks if (label := _host_view_label(view))]
+        host_views = [frameworks.view_label(view) or view for view in device_peaks if frameworks.is_host_view(view)]
         outside = f"outside the {' and the '.join(host_views)} " if host_views else ""
         advice.append(
             f"{format_size(host_data)} of the peak is data {outside}(NumPy arrays, Python objects) taken after "
@@ -317,10 +318,6 @@ def advise(peak: int, host_data: int | None, device_peaks: dict[str, int], at_de
             f"(see {SCENARIOS}, \"Big batch\")"
         )
     return advice
-
-
-def _host_view_label(view: str) -> str | None:
-    return frameworks.view_label(view) if frameworks.is_host_view(view) else None
 
 
 def budget_verdicts(peak: int, budget: int | None, gpu_peaks: dict[str, int], gpu_budget: int | None) -> list[str]:
