@@ -37,7 +37,6 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import machine
-from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.units import format_size
 
 # As in the tests: TensorFlow's CPU allocator keeps statistics only with oneDNN on.
@@ -67,9 +66,7 @@ VARIANTS = {
     "fork": ["--tfmem-isolate", "--tfmem-isolate-start=fork"],
     "spawn": ["--tfmem-isolate", "--tfmem-isolate-start=spawn"],
 }
-# --output replaces what lies between these lines and keeps the rest of the page.
-BEGIN = "<!-- benchmarks/isolation_overhead.py: begin -->"
-END = "<!-- benchmarks/isolation_overhead.py: end -->"
+# --output replaces what lies between this script's markers (``machine.markers``) and keeps the rest of the page.
 
 
 @dataclass
@@ -234,21 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     if args.output:
         written = f"{machine.written_by('benchmarks/isolation_overhead.py', argv)}.\n\n{table}\n"
-        write_section(Path(args.output), written)
+        machine.write_section(Path(args.output), "benchmarks/isolation_overhead.py", written,
+                              "What an isolated test costs: fork against spawn")
     return 0
-
-
-def write_section(path: Path, text: str) -> None:
-    """Put ``text`` between the file's ``BEGIN``/``END`` markers (the rest of the page is kept),
-    or write a page of its own when the file has no markers."""
-    page = path.read_text() if path.exists() else ""
-    if BEGIN in page and END in page:
-        before, rest = page.split(BEGIN, 1)
-        after = rest.split(END, 1)[1]
-        page = f"{before}{BEGIN}\n{text}{END}{after}"
-    else:
-        page = f"# What an isolated test costs: fork against spawn\n\n{BEGIN}\n{text}{END}\n"
-    write_text_atomic(path, page)
 
 
 if __name__ == "__main__":

@@ -8,28 +8,21 @@ import platform
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
 
 import psutil
 
+from pytest_tfmem import platforms
+from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.units import format_size
 
 DISTRIBUTIONS = ("tensorflow", "keras", "numpy", "pytest", "pytest-tfmem", "pytest-memray", "memray", "memory-profiler")
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def description() -> str:
     memory = format_size(psutil.virtual_memory().total)
-    return f"{os.cpu_count()} cores ({cpu_model()}), {memory} RAM, {platform.system()} {platform.release()}"
+    cpu = platforms.current().cpu_model()
+    return f"{os.cpu_count()} cores ({cpu}), {memory} RAM, {platform.system()} {platform.release()}"
 
 
 def versions() -> str:
@@ -72,3 +65,22 @@ def written_by(script: str, argv: Sequence[str] | None) -> str:
         f"Written by `{command.strip()}` on {datetime.date.today().isoformat()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}"
     )
+
+
+def markers(script: str) -> tuple[str, str]:
+    """The comments a generated part of a Markdown page lies between, named after its script."""
+    return f"<!-- {script}: begin -->", f"<!-- {script}: end -->"
+
+
+def write_section(path: Path, script: str, text: str, title: str) -> None:
+    """Put ``text`` between ``script``'s markers in the page at ``path`` (the rest of the page is
+    kept), or write a page of its own, headed ``title``, where the file has no markers."""
+    begin, end = markers(script)
+    page = path.read_text() if path.exists() else ""
+    if begin in page and end in page:
+        before, rest = page.split(begin, 1)
+        after = rest.split(end, 1)[1]
+        page = f"{before}{begin}\n{text}{end}{after}"
+    else:
+        page = f"# {title}\n\n{begin}\n{text}{end}\n"
+    write_text_atomic(path, page)

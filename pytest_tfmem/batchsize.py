@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import signal
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_tfmem import frameworks
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.core.measure import Measurement, Monitor
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.watchdog import Watchdog
@@ -237,13 +236,15 @@ def _died(process: Any, batch_size: int, seen: int) -> BatchTrial:
     """A trial killed by a signal (the OOM killer sends SIGKILL) did not fit; any other end is an error."""
     process.join()
     code = process.exitcode
-    if code is None or code >= 0:
+    platform = platforms.current()
+    ending = None if code is None else platform.ending(code)
+    if ending is None or (ending.signal is None and code != platform.killed_returncode):
         raise RuntimeError(
             f"find_max_batch_size: the trial process for batch size {batch_size} exited with code {code} "
             "without a result (could step be imported there? see its output above)"
         )
-    cause = f"killed by {signal.Signals(-code).name}"
-    if -code == signal.SIGKILL:
+    cause = f"killed by {ending.signal}" if ending.signal is not None else ending.description
+    if ending.signal == "SIGKILL" or code == platform.killed_returncode:
         cause += " (out of memory?)"
     return BatchTrial(batch_size, False, seen, f"died: trial process {cause}")
 

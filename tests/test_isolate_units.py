@@ -20,8 +20,12 @@ from pytest_tfmem.journal.reader import (
     EXIT_NO_RESULTS,
     describe_last,
 )
+from pytest_tfmem.platforms import cgroups
 from pytest_tfmem.probes import system
 from pytest_tfmem.probes.watchdog import ProcessTreeRss, WatchResult, downsample
+
+
+PHYSICAL = 16 * 2**30  # the machine's memory, as the platform read it
 
 
 def _cgroup_v2(root: Path, path: str, files: dict[str, str]) -> Path:
@@ -38,7 +42,7 @@ def _cgroup_v2(root: Path, path: str, files: dict[str, str]) -> Path:
 def test_cgroup_v2_limit_is_the_tightest_on_the_way_to_the_root(tmp_path: Path):
     proc = _cgroup_v2(tmp_path, "/ci/job", {"memory.max": "max\n", "memory.current": "1000\n"})
     (tmp_path / "ci" / "memory.max").write_text(f"{4 * 2**30}\n")
-    limit = system.applicable_memory_limit(tmp_path, proc)
+    limit = cgroups.applicable_memory_limit(PHYSICAL, tmp_path, proc)
     assert limit.bytes == 4 * 2**30
     assert limit.source == f"cgroup v2 memory.max ({tmp_path / 'ci' / 'memory.max'})"
 
@@ -49,16 +53,16 @@ def test_cgroup_v1_unlimited_falls_back_to_physical_memory(tmp_path: Path):
     (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     proc = tmp_path / "proc-self-cgroup"
     proc.write_text("5:cpu:/\n4:memory:/docker/abc\n0::/\n")
-    assert system.applicable_memory_limit(tmp_path, proc).source == "physical memory"
+    assert cgroups.applicable_memory_limit(PHYSICAL, tmp_path, proc).source == "physical memory"
     (memory / "memory.limit_in_bytes").write_text(f"{2 * 2**30}\n")
     (memory / "memory.usage_in_bytes").write_text(f"{2**30}\n")
-    assert system.applicable_memory_limit(tmp_path, proc).bytes == 2 * 2**30
-    assert system.available_memory(tmp_path, proc) <= 2**30
+    assert cgroups.applicable_memory_limit(PHYSICAL, tmp_path, proc).bytes == 2 * 2**30
+    assert cgroups.available_memory(PHYSICAL, tmp_path, proc) <= 2**30
 
 
 def test_oom_kill_count_from_memory_events(tmp_path: Path):
     proc = _cgroup_v2(tmp_path, "/job", {"memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"})
-    assert system.oom_kill_count(tmp_path, proc) == 1
+    assert cgroups.oom_kill_count(tmp_path, proc) == 1
 
 
 def test_a_container_sees_its_cgroup_as_the_root(tmp_path: Path):
@@ -66,7 +70,7 @@ def test_a_container_sees_its_cgroup_as_the_root(tmp_path: Path):
     (tmp_path / "memory.max").write_text(f"{3 * 2**30}\n")
     proc = tmp_path / "proc-self-cgroup"
     proc.write_text("0::/kubepods/pod123/container\n")  # not under the mount as seen inside
-    assert system.applicable_memory_limit(tmp_path, proc).bytes == 3 * 2**30
+    assert cgroups.applicable_memory_limit(PHYSICAL, tmp_path, proc).bytes == 3 * 2**30
 
 
 def test_this_machines_limit_is_readable():

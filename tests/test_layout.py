@@ -42,8 +42,8 @@ PACKAGE_FILES = sorted(path for path in PACKAGE.rglob("*.py") if path != PACKAGE
 
 def test_the_features_are_the_expected_subpackages():
     assert FEATURES == [
-        "cli", "core", "explain", "frameworks", "gates", "gpu", "html", "isolate", "journal", "leaks", "probes", "run",
-        "session", "trace", "workers",
+        "cli", "core", "explain", "frameworks", "gates", "gpu", "html", "isolate", "journal", "leaks", "platforms",
+        "probes", "run", "session", "trace", "workers",
     ]
     assert len([path for path in PACKAGE.glob("*.py")]) <= 12  # a short top level
 
@@ -61,8 +61,8 @@ def test_a_feature_imports_no_other_features_plugin_module(path: Path):
 
 
 # Feature subpackages: each a concern of its own that meets the others only through the core.
-# ``core``, ``probes`` and ``frameworks`` (below every feature) and ``cli`` (the command, which
-# reads the files the features write) are no features.
+# ``core``, ``probes``, ``frameworks`` and ``platforms`` (below every feature) and ``cli`` (the
+# command, which reads the files the features write) are no features.
 FEATURE_PACKAGES = {"explain", "gates", "gpu", "html", "isolate", "journal", "leaks", "run", "session", "trace", "workers"}
 # Libraries a feature offers every other part: the journal's file format and its reader.
 SHARED_LIBRARIES = {"pytest_tfmem.journal.format", "pytest_tfmem.journal.reader"}
@@ -89,8 +89,8 @@ def feature_of(module: str) -> str | None:
     return parts[1] if parts[1] in FEATURE_PACKAGES else None
 
 
-def test_the_feature_packages_are_the_subpackages_besides_core_probes_frameworks_and_cli():
-    assert set(FEATURES) - {"cli", "core", "probes", "frameworks"} == FEATURE_PACKAGES
+def test_the_feature_packages_are_the_subpackages_besides_core_probes_frameworks_platforms_and_cli():
+    assert set(FEATURES) - {"cli", "core", "probes", "frameworks", "platforms"} == FEATURE_PACKAGES
 
 
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)
@@ -120,8 +120,9 @@ def test_the_allowed_crossings_still_exist():
 def test_probes_know_nothing_of_pytest_or_the_rest_of_the_package(path: Path):
     imported = imported_modules(path)
     assert not {name for name in imported if name.split(".")[0] in ("pytest", "_pytest", "pluggy")}
-    package = imported_package_modules(path)  # the frameworks' modules are as low (standard library only)
-    assert all(name.startswith(("pytest_tfmem.probes", "pytest_tfmem.frameworks")) for name in package), package
+    package = imported_package_modules(path)  # the frameworks' and platforms' modules are as low
+    assert all(name.startswith(("pytest_tfmem.probes", "pytest_tfmem.frameworks", "pytest_tfmem.platforms"))
+               for name in package), package
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "frameworks").glob("*.py")), ids=module_name)
@@ -130,6 +131,34 @@ def test_framework_modules_need_only_the_standard_library_and_each_other(path: P
     framework's internals only once user code loaded it (``tensorflow.python.eager.context``)."""
     imported = {name.split(".")[0] for name in imported_modules(path)}
     assert imported <= {*sys.stdlib_module_names, "__future__", path.stem}, imported
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "platforms").glob("*.py")), ids=module_name)
+def test_platform_modules_need_only_the_standard_library_and_psutil(path: Path):
+    """``tfmem run``'s agent loads them without the package (psutil only where a module reads
+    another process through it, imported there)."""
+    imported = {name.split(".")[0] for name in imported_modules(path)}
+    assert imported <= {*sys.stdlib_module_names, "__future__", "psutil"}, imported
+
+
+# What only some operating systems have: named in ``platforms/`` alone (the portable fallback and
+# each system's module), so that every other module imports and runs on all of them.
+SYSTEM_ONLY_ATTRIBUTES = {
+    "os": {"fork", "forkpty", "wait4", "waitid", "register_at_fork", "pread", "sysconf", "setsid", "killpg"},
+    "signal": {"SIGKILL", "SIGBUS", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM"},
+}
+SYSTEM_ONLY_MODULES = {"fcntl", "resource", "msvcrt", "termios", "pwd", "grp"}
+
+
+@pytest.mark.parametrize("path", [p for p in PACKAGE_FILES if p.parent.name != "platforms"], ids=module_name)
+def test_only_the_platform_modules_name_what_only_some_systems_have(path: Path):
+    tree = ast.parse(path.read_text(), str(path))
+    assert not {name.split(".")[0] for name in imported_modules(path)} & SYSTEM_ONLY_MODULES
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            assert node.attr not in SYSTEM_ONLY_ATTRIBUTES.get(node.value.id, ()), f"{path.name}:{node.lineno}: {ast.unparse(node)}"
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("/proc"):
+            raise AssertionError(f"{path.name}:{node.lineno}: {node.value!r}")
 
 
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=module_name)

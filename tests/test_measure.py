@@ -11,6 +11,8 @@ import pytest
 from measure_helpers import ScriptedSource
 
 from pytest_tfmem.core.measure import MIXED_MARGIN, Measurement, PeakTracker, ViewReading
+from pytest_tfmem.platforms.linux import Linux
+from pytest_tfmem.platforms.portable import Portable
 from pytest_tfmem.probes import host
 from pytest_tfmem.probes.mixed import MixedSampler
 
@@ -53,10 +55,9 @@ def test_a_span_left_out_counts_neither_its_peak_nor_what_it_kept():
     idle.leave_out_end()
 
 
-def test_sampled_fallback_when_the_kernel_mark_cannot_be_reset(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(host, "_CLEAR_REFS", "/nonexistent/clear_refs")
-    source = host.HostRSS()
-    assert not source.exact
+def test_sampled_where_the_platform_keeps_no_mark():
+    source = host.HostRSS(Portable())
+    assert source.method == "sampled" and not source.exact
     tracker = PeakTracker(source)
     window = tracker.open()
     block = np.ones(100 * 10**6, dtype=np.uint8)
@@ -65,6 +66,33 @@ def test_sampled_fallback_when_the_kernel_mark_cannot_be_reset(monkeypatch: pyte
     reading = tracker.close(window)
     source._sampler.stop()
     assert reading.increase >= 95 * 10**6
+    assert tracker.method(window) == "sampled"
+
+
+def test_a_lifetime_mark_is_exact_for_the_window_that_raised_it():
+    """Linux's own VmHWM with clear_refs unwritable: the process's lifetime mark (what Windows and
+    macOS < 10.14 keep). A window that raises it reads it exactly; one below it is sampled."""
+    platform = Linux(clear_refs="/nonexistent/clear_refs")
+    source = host.HostRSS(platform)
+    assert source.method == "exact-if-raised"
+    tracker = PeakTracker(source)
+    above = (platform.peak_mark() or 0) - platform.current_size() + 60 * MIB  # 60 MiB past the lifetime mark
+    raising = tracker.open()
+    block = np.ones(above, dtype=np.uint8)
+    mark = platform.peak_mark()
+    del block
+    raised = tracker.close(raising)
+    assert tracker.method(raising) == "exact-if-raised"
+    # the kernel's mark itself (its RSS counters are batched per thread: a few pages apart)
+    assert mark is not None and abs(raised.peak - mark) < MIB and raised.increase > above - MIB
+    below = tracker.open()
+    block = np.ones(30 * MIB, dtype=np.uint8)  # far under the mark just set
+    time.sleep(0.05)
+    del block
+    sampled = tracker.close(below)
+    source._sampler.stop()
+    assert tracker.method(below) == "sampled"
+    assert 29 * MIB <= sampled.increase < 60 * MIB
 
 
 def test_measurement_round_trips_through_a_dict():
@@ -153,22 +181,29 @@ def test_swapped_memory_is_read_from_vmswap(tmp_path):
     swapped, unswapped = tmp_path / "swapped", tmp_path / "no-swap-line"
     swapped.write_text("".join(line if not line.startswith("VmSwap:") else "" for line in real.splitlines(True)) + "VmSwap:\t    2048 kB\n")
     unswapped.write_text("".join(line for line in real.splitlines(True) if not line.startswith("VmSwap:")))
-    assert host.swapped_bytes(str(swapped)) == 2 * 2**20
-    assert host.swapped_bytes(str(unswapped)) == 0  # kernels without swap accounting: nothing to say
-    assert host.swapped_bytes(str(tmp_path / "missing")) == 0
+    assert Linux(status=str(swapped)).swapped_bytes() == 2 * 2**20
+    assert Linux(status=str(unswapped)).swapped_bytes() == 0  # kernels without swap accounting: nothing to say
+    assert Linux(status=str(tmp_path / "missing")).swapped_bytes() == 0
 
 
 SWAPPED_CONFTEST = """
-import functools
 import pathlib
 
-from pytest_tfmem.probes import host
+from pytest_tfmem import platforms
+from pytest_tfmem.platforms.linux import Linux
 
 # This machine has no swap: the status file the swap reading sees says 300 MiB were swapped out.
 status = pathlib.Path(__file__).with_name("status")
 lines = pathlib.Path("/proc/self/status").read_text().splitlines(True)
 status.write_text("".join(l for l in lines if not l.startswith("VmSwap:")) + "VmSwap:\\t  307200 kB\\n")
-host.swapped_bytes = functools.partial(host.swapped_bytes, str(status))
+
+
+class SwappedLinux(Linux):
+    def swapped_bytes(self):
+        return Linux(status=str(status)).swapped_bytes()
+
+
+platforms.use(SwappedLinux())
 """
 
 SWAPPED_TESTS = """

@@ -123,14 +123,15 @@ def run_compare(args: argparse.Namespace) -> int:
     from pytest_tfmem.core.summary import render_table
     from pytest_tfmem.gates.baseline import load_baseline
     from pytest_tfmem.gates.compare import IMPROVEMENT, NEW, REGRESSION, WITHIN, compare, not_run_note
-    from pytest_tfmem.gates.environment import environment_differences
+    from pytest_tfmem.gates.environment import environment_differences, unlike_memory
     from pytest_tfmem.gates.reports import comparison_markdown, comparison_rows, load_report, sort_comparisons
 
     baseline = _load(load_baseline, args.baseline)
     report = _load(load_report, args.report)
+    unlike = unlike_memory(baseline.environment, report.environment, current_label="in the report")
     comparisons: list[Comparison] = []
     for record in report.tests:
-        if record.measurement is not None:
+        if record.measurement is not None and unlike is None:
             tolerance = _tolerance_for(record.extra, report, args.tolerance)
             retained = record.retained.bytes if record.retained is not None else None
             entry = baseline.tests.get(record.nodeid)
@@ -139,6 +140,8 @@ def run_compare(args: argparse.Namespace) -> int:
     differences = environment_differences(baseline.environment, report.environment, current_label="in the report")
     if differences:
         notes.append("the baseline was recorded in a different environment: " + "; ".join(differences))
+    if unlike is not None:
+        notes.append(unlike)
     measured = [record.nodeid for record in report.tests if record.measurement is not None]
     not_run = not_run_note(baseline.tests, measured, where="in the report's session")
     if not_run:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pytest_tfmem import frameworks
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
 from pytest_tfmem.probes import host
 from pytest_tfmem.units import format_size
@@ -83,7 +83,8 @@ class TfmemFixture:
         """Release what a test may hold: Keras sessions, each framework's caches (JAX's compiled
         functions, PyTorch's CUDA cache), garbage, freed heap."""
         before = host.current_rss()
-        actions = [*frameworks.clear(), "gc.collect()", "malloc_trim(0)"]
+        release = platforms.current().release_action()  # malloc_trim(0) on Linux
+        actions = [*frameworks.clear(), "gc.collect()", *([release] if release else [])]
         host.release_freed_memory()
         return CleanReport(max(0, before - host.current_rss()), tuple(actions))
 

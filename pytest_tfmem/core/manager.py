@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem import frameworks, hookspecs
+from pytest_tfmem import frameworks, hookspecs, platforms
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
@@ -50,6 +50,7 @@ MONITOR = pytest.StashKey[Monitor]()
 RECORD = pytest.StashKey[TestRecord]()
 ARGUMENTS = pytest.StashKey[dict]()
 _MANAGER = pytest.StashKey["TfmemManager"]()
+_PLATFORM_BEFORE = pytest.StashKey[platforms.Chosen]()
 # On a call report whose test should have been measured but was not: why (the summary lists them).
 NOT_MEASURED = "tfmem_not_measured"
 
@@ -60,6 +61,23 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, settings.CORE_OPTIONS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest configures any plugin: every reading is the chosen platform's
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``--tfmem-platform`` (or its ini value): the platform every reading of this process, and of
+    the processes it starts, goes through (``platforms``)."""
+    choice, given = settings.read_option(config, settings.PLATFORM)
+    if given:
+        config.stash[_PLATFORM_BEFORE] = platforms.select(choice)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The platform and ``TFMEM_PLATFORM`` as they were before ``--tfmem-platform`` (a session run
+    inside another process, as pytester's are, leaves it as it found it)."""
+    before = config.stash.get(_PLATFORM_BEFORE, None)
+    if before is not None:
+        platforms.restore(before)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -141,10 +159,13 @@ class TfmemManager:
         # (the session feature, where it keeps them); a limit on the process (isolate) reads
         # this rather than the process again.
         self.last_boundary: Boundary | None = None
-        # The isolation templates this process started: readings of its process tree (the
-        # journal's) leave them out; isolation adds and removes them.
-        self.template_pids: set[int] = children_probe.watch().helpers
         remove_inherited_ledgers()
+
+    @property
+    def template_pids(self) -> set[int]:
+        """The isolation templates this process started: readings of its process tree (the
+        journal's) leave them out; isolation adds and removes them."""
+        return children_probe.watch().helpers
 
     @property
     def imports(self) -> ImportLedger:
@@ -247,11 +268,17 @@ class TfmemManager:
 
     @pytest.hookimpl
     def pytest_report_header(self) -> list[str]:
-        """The Keras backend a measured session runs on, and where that was read."""
+        """How a measured session reads memory on this platform, what the platform does not give
+        (one line), and the Keras backend it runs on."""
         if not self.measure_all:
             return []
+        platform = platforms.current()
+        lines = [f"tfmem: platform {platform.name}: {platform.describe()}"]
+        missing = platform.missing()
+        if missing:
+            lines.append(f"tfmem: not on {platform.name}: " + "; ".join(f"{m.feature} ({m.why})" for m in missing))
         backend, source = frameworks.keras_backend()
-        return [f"tfmem: Keras backend {backend} ({source})"]
+        return [*lines, f"tfmem: Keras backend {backend} ({source})"]
 
     @pytest.hookimpl
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:

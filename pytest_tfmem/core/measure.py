@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_tfmem import frameworks
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.frameworks.base import PooledHostView
+from pytest_tfmem.platforms import EXACT, EXACT_IF_RAISED, SAMPLED
 from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.children import ChildrenReading
 from pytest_tfmem.probes.imports import FirstImport
@@ -38,6 +39,7 @@ class PeakSource(Protocol):
 class _Window:
     start: int
     peak: int
+    mark: int = 0  # the source's lifetime mark as the window opened (an ``exact-if-raised`` source)
 
 
 class PeakTracker:
@@ -63,8 +65,19 @@ class PeakTracker:
         self.source.reset_peak()
         current = self.source.current()
         window = _Window(start=current, peak=current)
+        if getattr(self.source, "method", None) == EXACT_IF_RAISED:
+            window.mark = self.source.lifetime_mark()  # type: ignore[attr-defined]
         self._open.append(window)
         return window
+
+    def method(self, window: _Window) -> str:
+        """How the window's peak was obtained: ``exact``, ``sampled``, or ``exact-if-raised``
+        where the source's lifetime mark rose while it was open (the host view; other sources
+        keep a mark of their own, or say how often they were read)."""
+        method = getattr(self.source, "method", EXACT)
+        if method == EXACT_IF_RAISED and not self.source.raised_since(window.mark):  # type: ignore[attr-defined]
+            return SAMPLED
+        return str(method)
 
     def peek(self, window: _Window) -> ViewReading:
         """The window's reading so far, leaving it open."""
@@ -146,7 +159,10 @@ class Measurement:
 
     views: tuple[ViewReading, ...]
     duration_s: float
-    exact: bool = True
+    # How the host view's peak was obtained (``platforms``: exact, exact-if-raised, sampled) and
+    # what it counts (RSS, phys_footprint, working set).
+    method: str = EXACT
+    counts: str = "RSS"
     notes: tuple[str, ...] = ()
     # Host memory outside TensorFlow's pool plus TF's CPU allocator, held at once: sampled
     # (``probes.mixed``), ``None`` where not sampled.
@@ -221,13 +237,18 @@ class Measurement:
         return self.mixed > self.exact_peak + max(MIXED_MARGIN, int(MIXED_MARGIN_SHARE * self.exact_peak))
 
     @property
+    def exact(self) -> bool:
+        """The host view's peak is a mark the platform kept, not the highest of samples."""
+        return self.method != SAMPLED
+
+    @property
     def basis(self) -> str:
-        """What the headline rests on: ``exact`` (the kernel's high-water mark and TF's own
-        statistics), ``sampled mixed`` (host and TF memory held at once, ``probes.mixed``) or
-        ``sampled host`` (no high-water mark on this system)."""
+        """What the headline rests on: ``exact`` (a resettable mark and TF's own statistics),
+        ``exact-if-raised`` (a lifetime mark the window raised), ``sampled mixed`` (host and TF
+        memory held at once, ``probes.mixed``) or ``sampled host`` (no mark the window could use)."""
         if self.sampled:
             return "sampled mixed"
-        return "exact" if self.exact else "sampled host"
+        return "sampled host" if self.method == SAMPLED else self.method
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields as JSON values, with ``peak`` and ``basis``. Built field by field rather than
@@ -249,7 +270,9 @@ class Measurement:
         return cls(
             views=tuple(ViewReading(**view) for view in data["views"]),
             duration_s=data["duration_s"],
-            exact=data.get("exact", True),
+            # written before platforms were labelled: Linux's RSS, exact unless said otherwise
+            method=data.get("method") or (EXACT if data.get("exact", True) else SAMPLED),
+            counts=data.get("counts", "RSS"),
             notes=tuple(data.get("notes", ())),
             mixed=data.get("mixed"),
             mixed_interval_s=data.get("mixed_interval_s"),
@@ -265,6 +288,7 @@ class Probes:
     out (a first import) reaches."""
 
     host: PeakTracker = field(default_factory=lambda: PeakTracker(host.HostRSS()))
+    platform: platforms.Platform = field(default_factory=platforms.current)
     devices: dict[str, list[PeakTracker]] = field(default_factory=dict)  # by framework module
     _mixed: MixedSampler | None = None
     monitors: list[Monitor] = field(default_factory=list)  # started, not stopped yet
@@ -331,7 +355,7 @@ _probes: Probes | None = None
 
 def probes() -> Probes:
     global _probes
-    if _probes is None:
+    if _probes is None or _probes.platform is not platforms.current():  # another platform was selected
         _probes = Probes()
     return _probes
 
@@ -391,13 +415,20 @@ class Monitor:
         if self._mixed is None:
             self._arm_mixed()
 
+    def _host_method(self) -> str:
+        return next((tracker.method(window) for tracker, window in self._windows if tracker is probes().host), EXACT)
+
     def _measurement(
         self, readings: tuple[ViewReading, ...], mixed: MixedReading | None, children: ChildrenReading | None = None
     ) -> Measurement:
-        exact = bool(getattr(probes().host.source, "exact", True))
-        notes = [] if exact else ["host peak sampled every 1 ms: the kernel high-water mark is unavailable"]
+        host_source = probes().host.source
+        method = self._host_method()
+        notes = []
+        if method == SAMPLED:
+            notes.append(f"host peak sampled every {host.SAMPLE_INTERVAL_S * 1000:g} ms: "
+                         f"{host_source.platform.name} keeps no mark this window could use")  # type: ignore[attr-defined]
         measurement = Measurement(
-            readings, time.perf_counter() - self._t0, exact, (),
+            readings, time.perf_counter() - self._t0, method, getattr(host_source, "counts", "RSS"), (),
             mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
             children=children,
         )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfmem import platforms
 from pytest_tfmem.units import SIZE_FORMS, parse_size
 
 if TYPE_CHECKING:  # pytest is imported only where pytest runs: ``tfmem`` commands start without it
@@ -156,7 +157,15 @@ BOOK_IMPORTS = Option(
     parse_bool,
     True,
 )
-CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, SUBTESTS, BOOK_IMPORTS]
+PLATFORM = Option(
+    "platform",
+    "how memory is read: auto (default: what this operating system keeps; Linux's, macOS's and "
+    "Windows' own marks) or portable (psutil alone, on any system: every peak sampled, processes "
+    "spawned; sets TFMEM_PLATFORM for the processes the session starts)",
+    platforms.parse_choice,
+    platforms.AUTO,
+)
+CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, SUBTESTS, BOOK_IMPORTS, PLATFORM]
 
 
 @dataclass(frozen=True)

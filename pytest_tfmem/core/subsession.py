@@ -5,17 +5,13 @@ ends unexpectedly."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-_PR_SET_PDEATHSIG = 1
+from pytest_tfmem import platforms
 
 # Set in every such run whatever the session's command line says (when the option exists):
 # it starts no pytest-xdist workers of its own, nobody is at its terminal for a debugger, and
@@ -41,12 +37,10 @@ def override_options(config: pytest.Config, overrides: Mapping[str, Any]) -> Non
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``),
-    so a process started for the session never outlives a session that was killed."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before the request took effect
-        os._exit(1)
+    """End this process when its parent does (Linux: the kernel's ``PR_SET_PDEATHSIG``;
+    elsewhere a thread watches the parent), so a process started for the session never outlives
+    a session that was killed."""
+    platforms.current().die_with_parent(parent_pid)
 
 
 def output_excerpt(path: Path, lines: int) -> str:

@@ -8,6 +8,7 @@ from pytest_tfmem import frameworks
 from pytest_tfmem.core.first_imports import section_lines
 from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.platforms import EXACT, EXACT_IF_RAISED
 from pytest_tfmem.probes.children import ChildFigure, ChildrenReading
 from pytest_tfmem.units import format_size
 
@@ -75,8 +76,10 @@ def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = Fa
     with_children = any(r.measurement.children is not None for r in measured)  # type: ignore[union-attr]
     # the GPU column is TensorFlow's allocators' unless another framework's GPU views are there
     gpu_column = "TF GPU" if all(v.view.startswith("tf:") for v in _gpu_views(measured)) else "GPU"
-    header = ["test", "peak", "host RSS", "TF CPU", gpu_column, *(["children"] if with_children else []), *nvml_column,
-              "budget", "use", *gpu_budget_columns, *retained_column]
+    # what the host view counts (RSS, phys_footprint, working set): one platform a session
+    counts = measured[0].measurement.counts if measured else "RSS"  # type: ignore[union-attr]
+    header = ["test", "peak", f"host {counts}", "TF CPU", gpu_column, *(["children"] if with_children else []),
+              *nvml_column, "budget", "use", *gpu_budget_columns, *retained_column]
     rows = [[*header, "result"]]
     for record in measured[:top]:
         assert record.measurement is not None
@@ -148,7 +151,19 @@ def section_text(record: TestRecord) -> str:
     rows = render_table(summary_rows([record], 1, subtests=True))
     imports = section_lines(record.measurement.first_imports)
     started = children_lines(record.measurement.children)
-    return "\n".join([*rows, *started, *imports, *record.measurement.notes, *record.notes])
+    basis = basis_line(record.measurement)
+    return "\n".join([*rows, basis, *started, *imports, *record.measurement.notes, *record.notes])
+
+
+def basis_line(measurement: Measurement) -> str:
+    """How the test's host figure was obtained and what it counts (``platforms``)."""
+    if measurement.method == EXACT:
+        how = "exact: the platform's mark, reset for this test"
+    elif measurement.method == EXACT_IF_RAISED:
+        how = "exact: the test raised the process's lifetime mark"
+    else:
+        how = "sampled every millisecond: no mark this test could use"
+    return f"host {measurement.counts}: {how}"
 
 
 # How many of the processes a test started its section names (the largest, and every one that died).

@@ -11,6 +11,8 @@ import platform
 from importlib import metadata
 from typing import Any
 
+from pytest_tfmem import platforms
+from pytest_tfmem.platforms.base import RSS
 from pytest_tfmem.probes.nvml import Nvml
 
 # Distributions whose version changes memory figures; key in the environment -> distribution.
@@ -22,18 +24,6 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _gpu_names() -> list[str]:
@@ -49,19 +39,44 @@ def _gpu_names() -> list[str]:
         nvml.close()
 
 
+def memory_environment() -> dict[str, Any]:
+    """The operating system and how it reads memory: ``platform``, ``memory`` (what the figures
+    count), ``peaks`` (how they are read)."""
+    reads = platforms.current()
+    return {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "memory": reads.counts,
+        "peaks": reads.peak_method(),
+    }
+
+
 def current_environment() -> dict[str, Any]:
-    """``{"python": "3.11", "platform": "Linux x86_64", "cpu": ..., "cpu_count": 2, "gpus": [],
-    "tensorflow": "2.21.0", ...}``."""
+    """``{"python": "3.11", "platform": "Linux x86_64", "memory": "RSS", "peaks": "exact", "cpu": ...,
+    "cpu_count": 2, "gpus": [], "tensorflow": "2.21.0", ...}``: ``memory`` is what the figures
+    count and ``peaks`` how the platform reads them (``platforms``)."""
     environment: dict[str, Any] = {
         "python": ".".join(platform.python_version_tuple()[:2]),
-        "platform": f"{platform.system()} {platform.machine()}",
-        "cpu": _cpu_model(),
+        **memory_environment(),
+        "cpu": platforms.current().cpu_model(),
         "cpu_count": os.cpu_count(),
         "gpus": _gpu_names(),
     }
     for key, distribution in _PACKAGES.items():
         environment[key] = _version(distribution)
     return environment
+
+
+def unlike_memory(recorded: dict[str, Any], current: dict[str, Any], *, current_label: str = "here") -> str | None:
+    """Why figures recorded in ``recorded`` cannot be compared with those of ``current``: they count
+    different things (RSS on Linux, phys_footprint on macOS, the working set on Windows); ``None``
+    where they count the same. A baseline from before platforms were named counted Linux's RSS."""
+    before, now = recorded.get("memory", RSS), current.get("memory", RSS)
+    if before == now:
+        return None
+    return (
+        f"not compared: the baseline's figures count {before} ({_show(recorded.get('platform'))}), those "
+        f"{current_label} count {now} ({_show(current.get('platform'))}); save a baseline on this platform"
+    )
 
 
 def environment_differences(

@@ -34,7 +34,12 @@ from pytest_tfmem.gates.compare import (
     not_run_note,
     record_section,
 )
-from pytest_tfmem.gates.environment import current_environment, environment_differences
+from pytest_tfmem.gates.environment import (
+    current_environment,
+    environment_differences,
+    memory_environment,
+    unlike_memory,
+)
 from pytest_tfmem.gates.reports import (
     SessionReport,
     comparison_rows,
@@ -124,12 +129,16 @@ class CiGates:
             same = self.save_path == self.baseline_path
             self.save_into = self.baseline if same else self._load(self.save_path, missing_ok=True)
         self.environment_notes: list[str] = []
+        # figures that count something else (phys_footprint on macOS, RSS on Linux) are not compared
+        self.unlike = None if self.baseline is None else unlike_memory(self.baseline.environment, memory_environment())
         if self.baseline is not None and writer:
             differences = environment_differences(self.baseline.environment, current_environment())
             if differences:
                 self.environment_notes.append(
                     "the baseline was recorded in a different environment: " + "; ".join(differences)
                 )
+            if self.unlike is not None:
+                self.environment_notes.append(self.unlike)
         self.outcome_lines: list[tuple[str, dict[str, bool]]] = []  # for the terminal summary
 
     def _load(self, path: Path | None, *, missing_ok: bool) -> Baseline | None:
@@ -163,7 +172,7 @@ class CiGates:
         tolerance = self._tolerance(item)
         if "tolerance" in arguments:
             record.extra["tolerance"] = str(tolerance)  # so ``tfmem compare`` applies it too
-        if self.baseline is None or record.measurement is None:
+        if self.baseline is None or record.measurement is None or self.unlike is not None:
             return None
         comparisons = compare(record.nodeid, record.measurement, self.baseline.tests.get(record.nodeid), tolerance)
         record.extra[SECTION] = record_section(comparisons, tolerance)
@@ -172,7 +181,7 @@ class CiGates:
     @pytest.hookimpl
     def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """Hold what the test left behind to its baseline entry's retained figure, where it has one."""
-        entry = self.baseline.tests.get(record.nodeid) if self.baseline is not None else None
+        entry = self.baseline.tests.get(record.nodeid) if self.baseline is not None and self.unlike is None else None
         if entry is None or entry.retained is None or record.retained is None or record.measurement is None:
             return None
         tolerance = self._tolerance(item)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -32,8 +31,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem import platforms
 from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.subsession import output_excerpt
+from pytest_tfmem.isolate.channel import ChannelError, ChannelListener
 from pytest_tfmem.isolate.child import ChildSpec
 from pytest_tfmem.isolate.replacement import ReplacementSpec
 from pytest_tfmem.isolate.template import MAX_MESSAGE, TemplateSpec, fork_unsafe_reason
@@ -45,6 +46,7 @@ START_METHODS = (FORK, SPAWN)
 # Modules the template imports first when the session has them: what makes a fresh interpreter slow.
 PREIMPORTED = ("numpy", "tensorflow", "keras", "tf_keras")
 _TEMPLATE_EXIT_S = 10.0
+CONNECT_BACK_S = 120.0  # a spawned replacement connects back once its interpreter started and imported us
 
 
 def parse_start(value: object, what: str) -> str:
@@ -84,7 +86,7 @@ class SessionFork:
 
     def kill(self) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            platforms.current().kill(self.pid)
 
 
 def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> SessionFork:
@@ -97,7 +99,7 @@ def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> 
     sys.stderr.flush()
     with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads; none run Python in the fork
         warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+        pid = platforms.current().fork()
     if pid:
         return SessionFork(pid)
     code = 1
@@ -222,8 +224,8 @@ class Template:
     def exit_status(self, pid: int) -> int:
         """The exit status the template reports for its fork ``pid`` (waits for it)."""
         while pid not in self._exited:
-            if self._receive() is None:  # the template died; the fork died with it (PR_SET_PDEATHSIG)
-                return -signal.SIGKILL
+            if self._receive() is None:  # the template died; the fork died with it (``die_with_parent``)
+                return platforms.current().killed_returncode
         return self._exited.pop(pid)
 
     @property
@@ -261,7 +263,8 @@ class Launcher:
     def __init__(
         self, method: str, args: list[str], cwd: Path, session: dict[str, Any], template_pids: set[int]
     ) -> None:
-        self.method = method if hasattr(os, "fork") else SPAWN
+        fork_missing = platforms.current().fork_missing()
+        self.method = method if fork_missing is None else SPAWN
         self.template_pids = template_pids
         self.args = args
         self.cwd = cwd
@@ -269,7 +272,7 @@ class Launcher:
         self.template: Template | None = None
         self.fallback: str | None = None  # why tests are spawned although fork was asked for
         if method == FORK and self.method == SPAWN:
-            self.fallback = "this platform has no fork()"
+            self.fallback = fork_missing
 
     def prepare(self, template_dir: Path) -> None:
         """Start the template now (before the session's first test), without waiting for it."""
@@ -302,22 +305,42 @@ class Launcher:
         ours, theirs = socket.socketpair()
         try:
             forked = self._from_template(lambda template: template.fork_replacement(spec, theirs), template_dir)
-            if forked is not None:
-                return forked, ours, FORK
-            spawned = replace(spec, channel_fd=theirs.fileno())
-            spawned.write(workdir / "replacement.json")
-            with open(spec.output, "wb") as stream:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "pytest_tfmem.isolate.replacement", str(workdir / "replacement.json")],
-                    cwd=self.cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=stream,
-                    stderr=subprocess.STDOUT,
-                    pass_fds=(theirs.fileno(),),
-                )
-            return process, ours, SPAWN
         finally:
             theirs.close()
+        if forked is not None:
+            return forked, ours, FORK
+        ours.close()
+        if platforms.current().passes_descriptors:
+            ours, theirs = socket.socketpair()
+            try:
+                return self._spawn_replacement(replace(spec, channel_fd=theirs.fileno()), workdir, theirs), ours, SPAWN
+            finally:
+                theirs.close()
+        listener = ChannelListener()  # the process cannot inherit a socket: it connects back
+        process = self._spawn_replacement(replace(spec, channel_port=listener.port, channel_token=listener.token),
+                                          workdir)
+        try:
+            channel = listener.accept(lambda: process.poll() is None, CONNECT_BACK_S)
+        except ChannelError:  # it ended (or hangs) before it connected: a channel that reads as its end
+            process.kill()
+            process.wait()
+            channel, never_connected = socket.socketpair()
+            never_connected.close()
+        return process, channel, SPAWN
+
+    def _spawn_replacement(
+        self, spec: ReplacementSpec, workdir: Path, channel: socket.socket | None = None
+    ) -> subprocess.Popen[bytes]:
+        spec.write(workdir / "replacement.json")
+        with open(spec.output, "wb") as stream:
+            return subprocess.Popen(
+                [sys.executable, "-m", "pytest_tfmem.isolate.replacement", str(workdir / "replacement.json")],
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=stream,
+                stderr=subprocess.STDOUT,
+                pass_fds=(channel.fileno(),) if channel is not None else (),
+            )
 
     def _from_template(self, fork: Callable[[Template], ForkedChild], template_dir: Path) -> ForkedChild | None:
         """``fork(template)``, where tests start as forks of a template that can still fork;

@@ -13,8 +13,8 @@ that test with the signal, the readings and the memory available; the session go
 
 from __future__ import annotations
 
+import functools
 import os
-import signal
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import pytest
 
+from pytest_tfmem import platforms
 from pytest_tfmem.core import features, processes, pytest_internals, settings
 from pytest_tfmem.core.features import Summary
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
@@ -82,8 +83,9 @@ KILL_AT = settings.Option(
 )
 ISOLATE_START = settings.Option(
     "isolate_start",
-    f"how an isolated test's process starts: {FORK} (default; a fork of a template process that "
-    f"has pytest, the plugins and TensorFlow loaded) or {SPAWN} (a fresh interpreter per test)",
+    f"how an isolated test's process starts: {FORK} (default on Linux; a fork of a template process "
+    f"that has pytest, the plugins and TensorFlow loaded) or {SPAWN} (a fresh interpreter per test; "
+    "the default where the platform does not fork: macOS, Windows, --tfmem-platform=portable)",
     parse_start,
     FORK,
 )
@@ -154,8 +156,12 @@ class TfmemIsolation:
         self._auto_reasons: dict[str, str] | None = None
         self.auto_note = ""
         self.kill_at = settings.read_option(config, KILL_AT)[0]
-        self.limit = system.applicable_memory_limit()
         self.start_method, self._start_given = settings.read_option(config, ISOLATE_START)
+        if self._start_given and self.start_method == FORK and (missing := platforms.current().fork_missing()):
+            raise pytest.UsageError(
+                f"pytest-tfmem: {ISOLATE_START.cli}={FORK} is not available on {platforms.current().name}: "
+                f"{missing}; use {ISOLATE_START.cli}={SPAWN} (the default there)"
+            )
         self.launcher: Launcher | None = None
         self._fallback_told = False
         self.session_limit = limit_setting(config)
@@ -165,6 +171,11 @@ class TfmemIsolation:
         if self.session_limit is not None and processes.role(config).runs_tests:
             self.watch = LimitWatch(self._limit_bytes(), 0, os.getpid(), processes.worker_id(config))
             config.pluginmanager.register(self.watch, "tfmem-session-limit")
+
+    @functools.cached_property
+    def limit(self) -> system.MemoryLimit:
+        """The memory limit that applies (read at its first use: an inert session reads nothing)."""
+        return system.applicable_memory_limit()
 
     def _limit_bytes(self) -> int | Callable[[int], int]:
         """The session limit in bytes, or (``auto``) how to make it from the level at the first test."""
@@ -254,14 +265,14 @@ class TfmemIsolation:
         option = self.config.option
         if (
             self.start_method != FORK
-            or fork_unsafe_reason() is not None
             or getattr(option, "collectonly", False)
             or getattr(option, "setuponly", False)
             or getattr(option, "setupplan", False)
             or (session.testsfailed and not option.continue_on_collection_errors)
         ):
             return
-        if self.watch is not None or any(self.policy_for(item) for item in session.items):
+        will_isolate = self.watch is not None or any(self.policy_for(item) for item in session.items)
+        if will_isolate and fork_unsafe_reason() is None:
             self._launcher().prepare(self._template_dir)
 
     @pytest.hookimpl(tryfirst=True)  # instead of pytest's own runner (first result wins)
@@ -297,8 +308,10 @@ class TfmemIsolation:
     def _launcher(self) -> Launcher:
         if self.launcher is None:
             self._template_dir = self._workdir("tfmem-template")
+            # the default where the platform does not fork: spawned (the session header says why)
+            default_spawn = not self._start_given and platforms.current().fork_missing() is not None
             self.launcher = Launcher(
-                self.start_method,
+                SPAWN if default_spawn else self.start_method,
                 list(self.config.invocation_params.args),
                 self.config.invocation_params.dir,
                 processes.session(self.config).to_dict(),
@@ -420,7 +433,7 @@ class TfmemIsolation:
         if not ran_to_its_end(reports, events):
             # A SIGKILLed process leaves no last words; a crash (SIGSEGV, abort) or an exit
             # before reporting usually does (Python's fault report, an error message).
-            sigkilled = result.returncode == -signal.SIGKILL
+            sigkilled = result.signal == "SIGKILL" or result.killed_at_limit
             excerpt = "" if sigkilled else output_excerpt(output_log, OUTPUT_LINES)
             reports += self._died_reports(item, policy, reports, events, result, isolated, excerpt, delegated)
         return reports

@@ -27,6 +27,7 @@ import pytest
 
 from pytest_tfmem.core import processes, pytest_internals
 from pytest_tfmem.core.subsession import die_with_parent
+from pytest_tfmem.isolate.channel import connect_back
 from pytest_tfmem.isolate.child import TestEvents, quiet_terminal, single_test_options
 from pytest_tfmem.isolate.limit import LimitWatch
 
@@ -44,7 +45,11 @@ class ReplacementSpec:
     limit: int  # bytes: held after a test's teardown, past this it ends
     number: int  # 1 for the first replacement process of the session's process (or worker)
     worker: str | None  # the pytest-xdist worker it replaces
-    channel_fd: int = -1  # its end of the channel to the session
+    channel_fd: int = -1  # its end of the channel to the session, inherited
+    # where the channel cannot be inherited (``platforms``: Windows): the session's port on the
+    # loopback interface to connect back to, and the token to name (``isolate.channel``)
+    channel_port: int = 0
+    channel_token: str = ""
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self)))
@@ -58,7 +63,10 @@ class ReplacementRun(TestEvents):
     """The plugin that serves the session's requests in the replacement process."""
 
     def __init__(self, spec: ReplacementSpec) -> None:
-        self.channel = socket.socket(fileno=spec.channel_fd)
+        if spec.channel_fd >= 0:
+            self.channel = socket.socket(fileno=spec.channel_fd)
+        else:
+            self.channel = connect_back(spec.channel_port, spec.channel_token)
         super().__init__(self.channel.makefile("w", buffering=1, encoding="utf-8"), nodeid="")
         self.requests: BinaryIO = self.channel.makefile("rb")
         self.spec = spec

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from pytest_tfmem import platforms
 from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord, publish, published_record, record_from_report
+from pytest_tfmem.platforms import SAMPLED
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample
 from pytest_tfmem.units import format_size
@@ -96,7 +98,7 @@ def isolated_section(
     if result.killed_at_limit:
         death = "killed at kill_at"
     elif result.signal is not None:
-        death = f"killed by {result.signal.name}"
+        death = f"killed by {result.signal}"
     return {
         "process_peak": process_peak,
         "call_start_rss": call_start_rss,
@@ -140,7 +142,7 @@ def sampled_measurement(result: WatchResult, call_start_rss: int | None, interva
     peak = max(result.peak_rss, result.child_peak_rss)
     view = ViewReading("host", call_start_rss, max(peak, call_start_rss), result.last_rss)
     note = f"the test died: its process tree was sampled every {interval_s * 1000:.0f} ms by the watchdog"
-    return Measurement((view,), result.elapsed_s, exact=False, notes=(note,))
+    return Measurement((view,), result.elapsed_s, SAMPLED, platforms.current().counts, notes=(note,))
 
 
 def reissue_warnings(events: list[dict[str, Any]]) -> None:

@@ -16,7 +16,8 @@ continues the pytest run from there (collection narrowed to the test, its runtes
 session finish), or the session's replacement process (``replacement.py``: collection of the
 files of the tests that remain, then those tests one by one as the session asks), and ends
 with ``os._exit``. Forks run side by side; the template reaps each as it ends and reports
-its exit status: the fork is its child, not the session's.
+its exit status: the fork is its child, not the session's. Only where the platform forks
+(``platforms``: Linux); elsewhere isolated tests and replacement processes are spawned.
 
 Requests and answers are JSON messages, one per ``send``, on a ``SOCK_SEQPACKET`` socket the
 session passed down (``channel_fd``). Requests: ``{"test": ChildSpec}``, or ``{"replacement":
@@ -45,7 +46,7 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem import frameworks
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent
@@ -77,8 +78,9 @@ class TemplateSpec:
 
 def fork_unsafe_reason() -> str | None:
     """Why forking this process is not safe, or ``None``."""
-    if not hasattr(os, "fork"):
-        return "this platform has no fork()"
+    missing = platforms.current().fork_missing()
+    if missing is not None:
+        return missing
     started = frameworks.started()
     if started:
         return (
@@ -94,42 +96,6 @@ MAX_MESSAGE = 2**20
 
 def send(channel: socket.socket, message: dict[str, Any]) -> None:
     channel.send(json.dumps(message).encode())
-
-
-class ForkReaper:
-    """The template's forks, reaped as they end: SIGCHLD writes to a pipe that the template's
-    loop waits on beside the channel, so that several forks can run at once (an isolated test
-    beside the replacement process running the session's other tests)."""
-
-    def __init__(self) -> None:
-        self.wakeup, self._wakeup_writer = os.pipe()
-        os.set_blocking(self.wakeup, False)
-        os.set_blocking(self._wakeup_writer, False)
-        signal.set_wakeup_fd(self._wakeup_writer)
-        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler: the signal reaches the pipe
-        self.forks: set[int] = set()
-
-    def reap(self) -> list[tuple[int, int]]:
-        """The forks that ended since the last call: (pid, exit status, negative for a signal)."""
-        try:
-            while os.read(self.wakeup, 512):
-                pass
-        except BlockingIOError:
-            pass
-        ended = []
-        for pid in list(self.forks):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                self.forks.discard(pid)
-                ended.append((pid, os.waitstatus_to_exitcode(status)))
-        return ended
-
-    def leave(self) -> None:
-        """In a fork: this process is a test's now, with SIGCHLD as usual."""
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.close(self.wakeup)
-        os.close(self._wakeup_writer)
 
 
 class TemplateRun:
@@ -184,7 +150,7 @@ class TemplateRun:
                             "problems": problems})
         if reason is not None:
             self._serve_nothing()
-        reaper = ForkReaper()
+        reaper = platforms.current().fork_reaper()
         selector = selectors.DefaultSelector()
         selector.register(self.channel, selectors.EVENT_READ)
         selector.register(reaper.wakeup, selectors.EVENT_READ)
@@ -201,7 +167,7 @@ class TemplateRun:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 try:
-                    pid = os.fork()
+                    pid = platforms.current().fork()
                 except OSError as error:
                     send(self.channel, {"event": "fork_failed", "error": str(error)})
                     continue

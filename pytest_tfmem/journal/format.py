@@ -19,16 +19,13 @@ script (its header says ``"kind": "run"``), so ``tfmem last`` tells a killed run
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_tfmem import files
+from pytest_tfmem import files, platforms
 from pytest_tfmem.core import settings
 from pytest_tfmem.files import DIRECTORY
 
@@ -83,17 +80,6 @@ def reading_due(peak: int, written_peak: int, since_written_s: float) -> bool:
     return grown or since_written_s >= WRITE_INTERVAL_S
 
 
-@contextmanager
-def _directory_lock(directory: Path) -> Iterator[None]:
-    """An exclusive lock shared by every process writing into ``directory`` (flock)."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)  # closing releases the lock
-
-
 def first_entry(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as journal:
@@ -111,10 +97,11 @@ class JournalFile:
         self.header = header
         self._descriptor: int | None = None
         self._synced = float("-inf")
+        self._platform = platforms.current()
 
     def open(self) -> None:
         files.make_directory(self.path.parent)
-        with _directory_lock(self.path.parent):
+        with platforms.current().lock(self.path.parent):
             if first_entry(self.path).get("session") != self.header["session"]:
                 if self.path.exists():
                     os.replace(self.path, previous_path(self.path))
@@ -126,7 +113,12 @@ class JournalFile:
         if self._descriptor is None:
             return
         entry = {"session": self.header["session"], "time": round(time.time(), 3), **entry}
-        os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
+        line = (json.dumps(entry) + "\n").encode()
+        if self._platform.appends_whole_lines:
+            os.write(self._descriptor, line)
+        else:  # Windows: an append seeks to the end, then writes: other writers wait meanwhile
+            with self._platform.lock(self.path.parent):
+                os.write(self._descriptor, line)
         if sync and time.monotonic() - self._synced >= SYNC_INTERVAL_S:
             os.fsync(self._descriptor)
             self._synced = time.monotonic()

@@ -2,8 +2,9 @@
 
 When the whole pytest process is killed (the OOM killer's SIGKILL, a CI timeout), nothing
 written at the end of the session exists. The journal is appended to as the session goes,
-one JSON object per line. Each line is one ``write`` to a file opened for appending, so lines
-of several processes (pytest-xdist workers) never mix, and a kill loses at most the line being
+one JSON object per line. Each line is one ``write`` to a file opened for appending (under a lock
+where an append is not one step: Windows), so lines of several processes (pytest-xdist workers)
+never mix, and a kill loses at most the line being
 written: once written, a line is in the kernel's page cache and outlives the process. Against
 the whole machine going down, ``finish`` and ``end`` lines are also synced to disk
 (``fsync``), at most once a second (a sync costs milliseconds; after every test it would slow
@@ -18,7 +19,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import psutil
 import pytest
 
 from pytest_tfmem.core import processes, settings
@@ -35,7 +35,7 @@ from pytest_tfmem.journal.format import (
     results_path,
 )
 from pytest_tfmem.probes.sampler import Sampler
-from pytest_tfmem.probes.watchdog import ProcessTreeRss
+from pytest_tfmem.probes.watchdog import ProcessGone, ProcessTreeRss
 
 
 @dataclass
@@ -66,7 +66,7 @@ class ReadingsThread:
         self._sampler.stop()
 
     def begin(self, nodeid: str) -> int:
-        rss = self._reader.read()
+        rss = self._read()
         with self._lock:
             now = time.monotonic()
             self._running = _RunningTest(nodeid, now, peak=rss, written_peak=rss, written_at=now)
@@ -77,10 +77,16 @@ class ReadingsThread:
             running, self._running = self._running, None
         return running.peak if running else None
 
-    def _sample(self) -> None:
+    def _read(self) -> int:
+        """The tree's size now; 0 where this process cannot be read (nothing to stop a session for)."""
         try:
-            rss = self._reader.read()
-        except psutil.Error:
+            return self._reader.read()
+        except ProcessGone:
+            return 0
+
+    def _sample(self) -> None:
+        rss = self._read()
+        if not rss:
             return
         with self._lock:
             running = self._running

@@ -5,21 +5,23 @@ A test's memory includes the processes it starts: a training script run with ``s
 descendants through the one reader of a process tree (``watchdog.ProcessTreeRss``) while a
 window is open, and hands each window a ``ChildrenReading``:
 
-- each process's own peak is the kernel's high-water mark (``VmHWM``), which keeps spikes
-  between two readings; it is read every ``INTERVAL_S`` while the process lives, and once more
-  when it is reaped: ``os.waitpid`` (through which ``subprocess`` and ``multiprocessing`` reap
-  their children) goes through ``os.wait4`` while a window is open, whose ``ru_maxrss`` is the
-  mark the process had when it ended. That figure also counts what the process inherited (a
-  fork's copy of its parent; the parent's own mark, for a program started with ``exec``), so it
-  is used only where it can be told apart (see ``_exact_peak``).
+- each process's own peak is the platform's mark of it (Linux's ``VmHWM``, macOS's lifetime
+  footprint mark, Windows' peak working set), which keeps spikes between two readings; it is
+  read every ``INTERVAL_S`` while the process lives, and, where the platform's wait tells it
+  (``wait4`` on Linux and macOS), once more when it is reaped: ``os.waitpid`` (through which
+  ``subprocess`` and ``multiprocessing`` reap their children) goes through it while a window is
+  open, whose ``ru_maxrss`` is the mark the process had when it ended. That figure also counts
+  what the process inherited (a fork's copy of its parent; the parent's own mark, for a program
+  started with ``exec``), so it is used only where it can be told apart (see ``_exact_peak``).
 - their combined figure: where processes ran at the same time, their marks are added, an upper
   bound (their peaks need not have met); the sum of their resident sizes at each reading is
   kept too, a lower bound (a reading can miss a short peak).
 - how each ended: its exit code or signal, where this process reaped it, and the machine's or
   cgroup's OOM kill count, so that a child the OOM killer took is named.
 
-A window that starts no process costs one ``waitid`` call at each end and a wake-up of the
-watch's thread every ``INTERVAL_S`` that makes the same call (no child: nothing more to read).
+A window that starts no process costs one question at each end (Linux: a ``waitid`` call) and a
+wake-up of the watch's thread every ``INTERVAL_S`` that asks the same (no child: nothing more to
+read).
 Processes already running when a window opens (an isolation template, a pool a wider fixture
 started) are not the window's, nor are those a span left out of it starts (a first import's).
 A fork of this process tells its size at the fork itself (``ForkSizes``).
@@ -28,21 +30,20 @@ A fork of this process tells its size at the fork itself (``ForkSizes``).
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_tfmem import platforms
+from pytest_tfmem.platforms.fork_sizes import ForkSizes
 from pytest_tfmem.probes import host, system
-from pytest_tfmem.probes.fork_sizes import ForkSizes
 from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, killed_by_oom_killer, signal_cause
 
 INTERVAL_S = 0.005
-# How often the list of descendants is refreshed when no new process id was handed out.
+# How often the list of descendants is refreshed when no process was started anywhere.
 _REFRESH_S = 0.25
-_LOADAVG = "/proc/loadavg"
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class ChildrenReading:
 
 @dataclass
 class _Reaped:
-    status: int
+    returncode: int  # as ``subprocess`` gives it: negative for a signal
     max_rss: int  # ``ru_maxrss``, bytes
     parent_mark: int  # this process's high-water mark when it reaped the child
 
@@ -111,30 +112,11 @@ class ChildWindow:
     seen: set[int] = field(default_factory=set)
 
 
-def _has_children() -> bool:
-    """Whether this process has a child, running or ended and not reaped (one system call)."""
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _last_pid() -> bytes:
-    """The last process id the kernel handed out, anywhere on the machine."""
-    try:
-        with open(_LOADAVG, "rb") as loadavg:
-            return loadavg.read().rsplit(b" ", 1)[-1]
-    except OSError:
-        return b""
-
-
 class ChildWatch:
     """This process's descendants while windows are open; one per process (``watch()``)."""
 
     def __init__(self) -> None:
+        self.platform = platforms.current()
         self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"), start_size=_fork_sizes().size)
         self._windows: list[ChildWindow] = []
         self._reaped: dict[int, _Reaped] = {}
@@ -153,9 +135,9 @@ class ChildWatch:
     def open(self) -> ChildWindow:
         with self._lock:
             leave_out: set[int] = set()
-            if _has_children():
+            if self.platform.has_children():
                 self._refresh()
-                leave_out = {process.pid for process in self._tree.descendants} | self.helpers
+                leave_out = set(self._tree.descendants) | self.helpers
             window = ChildWindow(time.monotonic(), leave_out)
             self._windows.append(window)
             self._install_waitpid()
@@ -210,7 +192,7 @@ class ChildWatch:
 
     def _anything_to_read(self) -> bool:
         """A child, or descendants the last listing found (a grandchild outlives its parent)."""
-        return _has_children() or bool(self._tree.descendants)
+        return self.platform.has_children() or bool(self._tree.descendants)
 
     def _start_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -230,12 +212,12 @@ class ChildWatch:
             time.sleep(INTERVAL_S)
 
     def _refresh(self) -> None:
-        self._last_pid, self._refreshed = _last_pid(), time.monotonic()
+        self._last_pid, self._refreshed = self.platform.processes_started(), time.monotonic()
         self._tree.refresh()
 
     def _tick(self) -> None:
         """Read every descendant; refresh their list first if a process was started anywhere."""
-        if _last_pid() != self._last_pid or time.monotonic() - self._refreshed >= _REFRESH_S:
+        if self.platform.processes_started() != self._last_pid or time.monotonic() - self._refreshed >= _REFRESH_S:
             self._refresh()
         try:
             self._tree.read()
@@ -273,17 +255,17 @@ class ChildWatch:
         exact_peak = None if parent else _exact_peak(mark, reaped)
         ended, oom_killed = None, False
         if reaped is not None:
-            if os.WIFSIGNALED(reaped.status):
-                sig = signal.Signals(os.WTERMSIG(reaped.status))
+            ending = self.platform.ending(reaped.returncode)
+            if ending.signal is not None:
                 count = None if oom is None else oom.count
-                if sig in (signal.SIGTERM, signal.SIGINT):
-                    ended = f"stopped by {sig.name}"
+                if ending.signal in ("SIGTERM", "SIGINT"):
+                    ended = f"stopped by {ending.signal}"
                 else:  # a test's child: whether tfmem sent it is not the question
-                    cause = signal_cause(sig, count, "this cgroup" if oom is None else oom.scope)
-                    ended = f"killed by {sig.name}: {cause}"
-                oom_killed = killed_by_oom_killer(sig, count)
+                    cause = signal_cause(ending.signal, count, "this cgroup" if oom is None else oom.scope)
+                    ended = f"killed by {ending.signal}: {cause}"
+                oom_killed = killed_by_oom_killer(ending.signal, count)
             else:
-                ended = f"exited with {os.waitstatus_to_exitcode(reaped.status)}"
+                ended = ending.description
         command = "(ended before its first reading)"
         if mark is not None:
             command = f"fork of {mark.command}" if mark.fork_copy else mark.command
@@ -295,7 +277,7 @@ class ChildWatch:
     # -- reaping
 
     def _install_waitpid(self) -> None:
-        if self._waitpid is None and hasattr(os, "wait4"):
+        if self._waitpid is None and self.platform.reaps_with_peak:
             self._waitpid = os.waitpid
             os.waitpid = self._waitpid_through_wait4
 
@@ -305,19 +287,20 @@ class ChildWatch:
         self._waitpid = None
 
     def _waitpid_through_wait4(self, pid: int, options: int) -> tuple[int, int]:
-        """``os.waitpid``, done by ``os.wait4`` to learn the reaped process's high-water mark."""
+        """``os.waitpid``, done by the platform's wait (``wait4``) to learn the reaped process's mark."""
         if os.getpid() != self._tree.pid:  # a fork of this process (a pool's worker): plain waitpid
-            reaped_pid, status, _ = os.wait4(pid, options)
+            reaped_pid, status, _ = self.platform.wait_with_peak(pid, options)
             return reaped_pid, status
         if pid > 0 and options & os.WNOHANG == 0:
             with self._lock:  # one last reading of the process before it is reaped: it may be a zombie already
                 if self._windows and pid in self._tree.processes:
                     self._tick()
-        reaped_pid, status, usage = os.wait4(pid, options)
+        reaped_pid, status, max_rss = self.platform.wait_with_peak(pid, options)
         if reaped_pid > 0:
             with self._lock:
                 if self._windows:
-                    self._reaped[reaped_pid] = _Reaped(status, usage.ru_maxrss * 1024, host.high_water_mark() or 0)
+                    returncode = self.platform.returncode(status)
+                    self._reaped[reaped_pid] = _Reaped(returncode, max_rss, host.high_water_mark() or 0)
                 if self._span is not None:
                     self._span[1].add(reaped_pid)
         return reaped_pid, status
@@ -360,13 +343,13 @@ def _fork_sizes() -> ForkSizes:
     """One per process and its forks: the page is shared, and a fork hook cannot be taken back."""
     global _sizes
     if _sizes is None:
-        _sizes = ForkSizes().tell_forks()
+        _sizes = ForkSizes(platforms.current().current_size).tell_forks()
     return _sizes
 
 
 def watch() -> ChildWatch:
     """This process's ``ChildWatch``."""
     global _watch
-    if _watch is None or _watch._tree.pid != os.getpid():  # a fork (an isolated test) watches its own
-        _watch = ChildWatch()
+    if _watch is None or _watch._tree.pid != os.getpid() or _watch.platform is not platforms.current():
+        _watch = ChildWatch()  # a fork (an isolated test) watches its own; so does another platform
     return _watch

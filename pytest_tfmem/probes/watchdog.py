@@ -3,27 +3,26 @@
 The outside view of a process, shared by isolated tests (``isolate``), ``tfmem run`` and
 ``find_max_batch_size``'s trials. The watcher samples the tree's resident memory (the child
 plus every process it started) every ``interval_s`` on a ``Sampler``'s thread, while the
-calling thread waits for the child. With each sample it also reads the high-water mark of each
-process of the tree (``VmHWM`` in ``/proc/PID/status``), which the kernel keeps exactly, spikes
-between two samples included (for a process that ends between two samples, the mark as last
-read). (``ru_maxrss`` from ``wait4`` would not do: it starts from the parent's size, copied at
-fork and kept by exec.) When a reading reaches ``kill_at`` the tree is sent SIGKILL at once: a
-process that allocates fast can still overshoot the limit by what it allocates within one
-interval.
+calling thread waits for the child. With each sample it also reads the mark of each process of
+the tree where the platform keeps one (``platforms``: Linux's ``VmHWM``, macOS's lifetime
+footprint mark, Windows' peak working set), spikes between two samples included (for a process
+that ends between two samples, the mark as last read). (``ru_maxrss`` from ``wait4`` would not
+do: it starts from the parent's size, copied at fork and kept by exec.) When a reading reaches
+``kill_at`` the tree is killed at once (SIGKILL; TerminateProcess on Windows): a process that
+allocates fast can still overshoot the limit by what it allocates within one interval.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import psutil
-
-from pytest_tfmem.probes import host, system
+from pytest_tfmem import platforms
+from pytest_tfmem.platforms import SIGNAL_CAUSES
+from pytest_tfmem.probes import system
 from pytest_tfmem.probes.sampler import Sampler
 
 # How often the list of descendants is refreshed; their memory is read at every sample.
@@ -31,14 +30,10 @@ _TREE_REFRESH_S = 0.5
 # How long a fork copy is watched for ``exec`` (a fork that runs another program does so at once).
 _EXEC_WINDOW_S = 1.0
 
-SIGNAL_CAUSES = {
-    signal.SIGKILL: "likely the kernel's OOM killer (out of memory); SIGKILL cannot be caught",
-    signal.SIGSEGV: "segmentation fault: invalid memory access in native code",
-    signal.SIGABRT: "abort: a native library (or an assertion) called abort()",
-    signal.SIGBUS: "bus error: invalid memory access in native code",
-    signal.SIGTERM: "terminated from outside",
-    signal.SIGINT: "interrupted (Ctrl-C, or SIGINT from outside)",
-}
+
+
+class ProcessGone(Exception):
+    """The watched process has ended: nothing more to read of its tree."""
 
 
 @dataclass
@@ -60,24 +55,25 @@ class WatchResult:
     oom_scope: str = "this cgroup"  # whose oom_kill count ``oom_kills`` is: "this cgroup", "the machine"
 
     @property
-    def signal(self) -> signal.Signals | None:
-        return signal.Signals(-self.returncode) if self.returncode < 0 else None
+    def signal(self) -> str | None:
+        """The signal that ended the child (``SIGKILL``), ``None`` if it exited."""
+        return platforms.current().ending(self.returncode).signal
 
 
-def describe_signal(sig: signal.Signals, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
+def describe_signal(sig: str, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
     """``killed by SIGKILL (not sent by pytest-tfmem): likely the kernel's OOM killer ...``.
 
     ``oom_kills``: how far the ``oom_kill`` count of ``oom_scope`` rose while the process ran, if known.
     """
-    return f"killed by {sig.name} (not sent by pytest-tfmem): {signal_cause(sig, oom_kills, oom_scope)}"
+    return f"killed by {sig} (not sent by pytest-tfmem): {signal_cause(sig, oom_kills, oom_scope)}"
 
 
-def signal_cause(sig: signal.Signals, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
+def signal_cause(sig: str, oom_kills: int | None, oom_scope: str = "this cgroup") -> str:
     """What most likely sent ``sig`` (``describe_signal``'s words after the colon)."""
     cause = SIGNAL_CAUSES.get(sig, "a signal from outside the test")
-    if sig == signal.SIGKILL and oom_kills:
+    if sig == "SIGKILL" and oom_kills:
         cause = f"the kernel's OOM killer: out of memory ({oom_scope}'s oom_kill count rose by {oom_kills})"
-    elif sig == signal.SIGKILL and oom_kills == 0:
+    elif sig == "SIGKILL" and oom_kills == 0:
         cause = (
             f"SIGKILL is what the kernel's OOM killer sends when memory runs out, but {oom_scope}'s "
             "oom_kill count did not change: more likely another process (kill -9, a CI timeout)"
@@ -85,9 +81,9 @@ def signal_cause(sig: signal.Signals, oom_kills: int | None, oom_scope: str = "t
     return cause
 
 
-def killed_by_oom_killer(sig: signal.Signals | None, oom_kills: int | None) -> bool:
+def killed_by_oom_killer(sig: str | None, oom_kills: int | None) -> bool:
     """The kernel's OOM killer sent it: a SIGKILL while the ``oom_kill`` count rose."""
-    return sig == signal.SIGKILL and bool(oom_kills)
+    return sig == "SIGKILL" and bool(oom_kills)
 
 
 def downsample(timeline: list[tuple[float, int]], points: int) -> list[tuple[float, int]]:
@@ -116,7 +112,7 @@ class ProcessMark:
     first_seen: float
     last_seen: float
     inherited: int  # a fork copy's size at the fork; 0 for a process that ran ``exec``
-    high_water_mark: int  # the highest ``VmHWM`` read
+    high_water_mark: int  # the highest mark read (``VmHWM`` on Linux)
     rss: int  # at the last reading
     fork_copy: bool
 
@@ -134,20 +130,12 @@ class ProcessMark:
 def command_line(pid: int, width: int = 60) -> str:
     """``python -c import numpy ...``: a process's command line, shortened to ``width``
     characters (``[name]`` for a kernel thread or a process whose arguments are gone)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            args = cmdline.read().rstrip(b"\0").split(b"\0")
-    except OSError:
+    args = platforms.current().command_line(pid)
+    if args is None:
         return "?"
-    text = " ".join(" ".join(arg.decode(errors="replace").split()) for arg in args if arg)
-    if not text:
-        try:
-            with open(f"/proc/{pid}/comm", "rb") as comm:
-                text = f"[{comm.read().strip().decode(errors='replace')}]"
-        except OSError:
-            return "?"
+    text = " ".join(" ".join(arg.split()) for arg in args if arg)
     args0, _, rest = text.partition(" ")
-    text = " ".join(filter(None, [os.path.basename(args0), rest]))
+    text = " ".join(filter(None, [os.path.basename(args0) if not args0.startswith("[") else args0, rest]))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -161,11 +149,9 @@ class ProcessTreeRss:
     its owner may change it): their forks count, each mapping the template's pages it uses, so
     adding the template's own RSS would count those pages twice and charge its start to a test.
 
-    Finding descendants means knowing every process's parent (the kernel lists no children
-    here), so the list is refreshed every ``refresh_s``: ``/proc`` is listed and only processes
-    not seen at the last refresh have their parent read (a few hundred microseconds, against
-    milliseconds for reading every process's). Each ``read`` reads the RSS and high-water mark
-    of the tree's processes, one ``/proc/PID/status`` each (tens of microseconds).
+    Descendants are listed by the platform's process table (``platforms``), refreshed every
+    ``refresh_s``; each ``read`` reads the size and mark of the tree's processes, one reading each
+    (tens of microseconds on Linux).
     """
 
     def __init__(
@@ -179,9 +165,10 @@ class ProcessTreeRss:
         self.start_size = start_size  # a fork copy's size when it started, where known (``fork_sizes.ForkSizes.size``)
         self.leave_out = leave_out
         self.refresh_s = refresh_s
-        self.descendants: list[psutil.Process] = []
-        self._parents: dict[int, int] = {}  # pid -> parent pid, of every process seen in /proc
-        self._processes: dict[int, psutil.Process | None] = {}  # the descendants, by pid (None: gone)
+        self.platform = platforms.current()
+        self._table = self.platform.process_table()
+        self.descendants: list[int] = []
+        self._parents: dict[int, int] = {}  # pid -> parent pid, of the descendants last listed
         self._marks: dict[int, int] = {}  # pid -> high-water mark at the last read
         self._refreshed = float("-inf")
         # Every descendant read since ``forget`` (the ended ones too), by pid.
@@ -190,37 +177,21 @@ class ProcessTreeRss:
         self._commands: dict[int, str] = {}  # pid -> its command line as last read
 
     def refresh(self) -> None:
-        try:
-            running = {int(name) for name in os.listdir("/proc") if name.isdigit()}
-        except OSError:
-            return
-        self._parents = {pid: parent for pid, parent in self._parents.items() if pid in running}
-        for pid in running - self._parents.keys():
-            if (parent := _parent_pid(pid)) is not None:
-                self._parents[pid] = parent
-        children: dict[int, list[int]] = {}
-        for pid, parent in self._parents.items():
-            children.setdefault(parent, []).append(pid)
-        found, pending = [], list(children.get(self.pid, ()))
-        while pending:
-            pid = pending.pop()
-            found.append(pid)
-            pending += children.get(pid, ())
-        self._processes = {pid: self._processes.get(pid) or _process(pid) for pid in found}
-        self.descendants = [process for process in self._processes.values() if process is not None]
+        self._parents = self._table.descendants(self.pid)
+        self.descendants = list(self._parents)
         self._refreshed = time.monotonic()
 
     def read(self) -> int:
-        """The tree's RSS in bytes; raises ``psutil.Error`` once the root process is gone."""
+        """The tree's size in bytes; raises ``ProcessGone`` once the root process has ended."""
         if time.monotonic() - self._refreshed >= self.refresh_s:
             self.refresh()
-        root = host.resident_and_high_water_mark(self.pid)
-        if root is None or root[0] == 0:  # gone, or a zombie: the process has ended, its memory is gone
-            raise psutil.ZombieProcess(self.pid)
+        root = self.platform.memory_of(self.pid)
+        if root is None:  # gone, or a zombie: the process has ended, its memory is gone
+            raise ProcessGone(self.pid)
         readings = {self.pid: root}
-        for process in self.descendants:  # those left out too: a fork copy's parent's size is its inheritance
-            if memory := host.resident_and_high_water_mark(process.pid):
-                readings[process.pid] = memory
+        for pid in self.descendants:  # those left out too: a fork copy's parent's size is its inheritance
+            if memory := self.platform.memory_of(pid):
+                readings[pid] = memory
         now = time.monotonic()
         for pid, memory in readings.items():
             if pid != self.pid and pid not in self.leave_out:
@@ -261,7 +232,7 @@ class ProcessTreeRss:
         self._commands = {pid: command for pid, command in self._commands.items() if pid in self._parents}
 
     def high_water_marks(self) -> dict[int, int]:
-        """Each process's high-water mark (``VmHWM``, exact) at the last ``read``, by pid, less
+        """Each process's high-water mark (the platform's: ``VmHWM`` on Linux) at the last ``read``, by pid, less
         what a fork copy inherited: the root, then the descendants last listed; a process
         already gone is left out."""
         return dict(self._marks)
@@ -271,23 +242,6 @@ def _ran_exec(command: str, now: str) -> bool:
     """A fork copy's command line has become another program's (not one that could not be read:
     a process that is ending has none)."""
     return now != command and now != "?" and not now.startswith("[")
-
-
-def _parent_pid(pid: int) -> int | None:
-    """The parent of ``pid`` (``/proc/PID/stat``'s fourth field), ``None`` if it has gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            text = stat.read()
-        return int(text[text.rindex(b")") + 2 :].split()[1])  # the name, in parentheses, may hold spaces
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _process(pid: int) -> psutil.Process | None:
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        return None
 
 
 class ChildProcess(Protocol):
@@ -353,25 +307,20 @@ class Watchdog:
 
     def _kill_tree(self) -> None:
         self._tree.refresh()
-        try:  # os.kill: Popen.send_signal would poll() from this thread while the other waits
-            os.kill(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # the platform's kill: Popen.send_signal would poll() from this thread while the other waits
+        self._tree.platform.kill(self.process.pid)
         self.kill_descendants()
 
     def kill_descendants(self) -> None:
-        """SIGKILL what the child started (left running when the child died)."""
-        for process in self._tree.descendants:
-            try:
-                process.kill()
-            except psutil.Error:
-                pass
+        """Kill what the child started (left running when the child died)."""
+        for pid in self._tree.descendants:
+            self._tree.platform.kill(pid)
 
     def _sample(self) -> bool:
         """One reading of the tree; ``False`` once there is nothing more to watch."""
         try:
             rss = self._tree.read()
-        except psutil.Error:  # the child has exited
+        except ProcessGone:  # the child has exited
             return False
         for pid, mark in self._tree.high_water_marks().items():
             self._marks[pid] = max(self._marks.get(pid, 0), mark)
@@ -407,7 +356,7 @@ class Watchdog:
         return WatchResult(
             returncode=returncode,
             kill_at=self.kill_at,
-            killed_at_limit=self.killed_at_limit and returncode == -signal.SIGKILL,
+            killed_at_limit=self.killed_at_limit and returncode == self._tree.platform.killed_returncode,
             last_rss=timeline[-1][1] if timeline else 0,
             peak_rss=max((rss for _, rss in timeline), default=0),
             child_peak_rss=self._marks.get(self.process.pid, 0),

@@ -3,14 +3,15 @@
     python .../pytest_tfmem/run/agent.py READINGS (SCRIPT | -m MODULE) [ARGS...]
 
 It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -m MODULE``)
-would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is
-run by its path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest
-into the script's process (13 MiB and a tenth of a second here), and the script's figures
-would include them. Of pytest-tfmem it loads only ``probes/sampler.py``, ``probes/fork_sizes.py`` and the
-framework modules (``frameworks/tensorflow.py``, ``jax.py``, ``torch.py``, ``base.py``), which
-need nothing but the standard library, by their paths. Forks of
-the script write their size at the fork into a page beside READINGS (``fork_sizes``), which
-``tfmem run``'s watchdog reads: what a fork worker grew is then known to the page.
+would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is run by its
+path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest into the
+script's process (13 MiB and a tenth of a second here), and the script's figures would include
+them. Of pytest-tfmem it loads only ``probes/sampler.py``, the framework modules
+(``frameworks/tensorflow.py``, ``jax.py``, ``torch.py``, ``base.py``) and the platform modules
+(``platforms/``, ``fork_sizes.py`` among them), which need nothing but the standard library, by
+their paths. Forks of the script write their size at the fork into a page beside READINGS
+(``fork_sizes``), which ``tfmem run``'s watchdog reads: what a fork worker grew is then known to
+the page.
 
 The thread (``tfmem-run-agent``) wakes every ``INTERVAL_S`` and reads, changing nothing the
 script does: where the main thread is (its Python stack), this process's RSS, which frameworks
@@ -21,8 +22,8 @@ itself, so the script can still configure its devices. A reading that differs fr
 written (another place in the script's own code, RSS moved by 1 MiB or more, a view's level
 changed), or a second after the last one, is appended to READINGS as one line of JSON in one
 ``write``: a kill loses none of what was written. When the script ends (by ``SystemExit``, an
-exception, or falling off its end) a last line holds the process's high-water mark (``VmHWM``)
-and the views' peaks.
+exception, or falling off its end) a last line holds the process's high-water mark (the
+platform's: ``VmHWM`` on Linux) and the views' peaks.
 Its cost: one thread, a reading of a few microseconds ten times a second, and a line a reading
 at most (about 200 bytes).
 """
@@ -51,7 +52,8 @@ WRAPPED_DEPTH = 4
 _PROBES = Path(__file__).resolve().parent.parent / "probes"
 _FRAMEWORKS = Path(__file__).resolve().parent.parent / "frameworks"
 _FRAMEWORKS_PACKAGE = "_tfmem_agent_frameworks"
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+_PLATFORMS = Path(__file__).resolve().parent.parent / "platforms"
+_PLATFORMS_PACKAGE = "_tfmem_agent_platforms"
 
 
 def _load_probe(name: str) -> ModuleType:
@@ -104,17 +106,17 @@ def where(frame: FrameType | None, libraries: tuple[str, ...]) -> dict[str, Any]
     return {"stack": [[name, path, line] for name, path, line, mine in frames if mine][-FRAMES:], "calling": calling}
 
 
-def _rss() -> int:
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_SIZE
-
-
-def _high_water_mark() -> int | None:
-    with open("/proc/self/status", "rb") as status:
-        for line in status:
-            if line.startswith(b"VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return None
+def _load_platforms() -> ModuleType:
+    """``platforms/`` (its modules need only the standard library until they read another
+    process) as a package of its own: the rest of pytest-tfmem is not run."""
+    spec = importlib.util.spec_from_file_location(
+        _PLATFORMS_PACKAGE, _PLATFORMS / "__init__.py", submodule_search_locations=[str(_PLATFORMS)]
+    )
+    assert spec is not None and spec.loader is not None
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[_PLATFORMS_PACKAGE] = package
+    spec.loader.exec_module(package)
+    return package
 
 
 class Agent:
@@ -137,8 +139,9 @@ class Agent:
         self._lock = threading.Lock()
         self._sampler = _load_probe("sampler").Sampler(self._read, INTERVAL_S, "tfmem-run-agent")
         # The script's forks tell their size at the fork, for the watchdog's figures of them.
-        fork_sizes = _load_probe("fork_sizes")
-        self._fork_sizes = fork_sizes.ForkSizes(fork_sizes.told_sizes_path(readings))
+        self._platform = _load_platforms().current()  # this process's size and mark
+        fork_sizes = importlib.import_module(f"{_PLATFORMS_PACKAGE}.fork_sizes")
+        self._fork_sizes = fork_sizes.ForkSizes(self._platform.current_size, fork_sizes.told_sizes_path(readings))
 
     def start(self) -> Agent:
         self._write({"event": "agent", "pid": os.getpid(), "interval_s": INTERVAL_S, "time": time.time()})
@@ -177,7 +180,7 @@ class Agent:
         try:
             frame = sys._current_frames().get(self._main)  # noqa: SLF001 - the one way to see another thread's stack
             runtimes = self._runtimes()  # first: a framework's views are looked for once it has started
-            reading = {"rss": _rss(), "views": self._view_levels(), "runtimes": runtimes,
+            reading = {"rss": self._platform.current_size(), "views": self._view_levels(), "runtimes": runtimes,
                        **where(frame, self._libraries)}
         except Exception:  # the interpreter is shutting down
             return False
@@ -198,7 +201,7 @@ class Agent:
         self._sampler.stop()
         try:
             views = self._view_levels()
-            mark = _high_water_mark()
+            mark = self._platform.peak_mark()  # never reset here: the process's whole life
         except Exception:
             views, mark = {}, None
         with self._lock:

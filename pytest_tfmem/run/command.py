@@ -7,7 +7,8 @@
 The child inherits the terminal (its output passes through untouched) and this process's
 process group, so Ctrl-C reaches it from the terminal as it reaches any foreground program;
 like ``time`` and ``system(3)``, this process ignores SIGINT and SIGQUIT meanwhile. SIGTERM,
-SIGHUP, SIGUSR1 and SIGUSR2 sent to ``tfmem run`` are passed on to the child. The exit code is
+SIGHUP, SIGUSR1 and SIGUSR2 sent to ``tfmem run`` are passed on to the child (those of them the
+platform has: SIGTERM alone on Windows). The exit code is
 the child's; for a child ended by signal N the shell's ``128 + N`` (137 for SIGKILL); 1 when
 the child exited 0 but a budget was passed.
 """
@@ -32,11 +33,11 @@ from typing import Any
 
 import psutil
 
-from pytest_tfmem import frameworks
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.core.sessions import Session
 from pytest_tfmem.journal.format import DEFAULT_PATH, JournalFile, reading_due
+from pytest_tfmem.platforms.fork_sizes import ForkSizes, told_sizes_path
 from pytest_tfmem.probes import nvml as nvml_probe, system
-from pytest_tfmem.probes.fork_sizes import ForkSizes, told_sizes_path
 from pytest_tfmem.probes.watchdog import Watchdog, WatchResult
 from pytest_tfmem.run import summary
 
@@ -44,8 +45,9 @@ AGENT = Path(__file__).resolve().parent / "agent.py"
 WATCH_INTERVAL_S = 0.05  # a long script pays for each reading for longer
 KILL_AT_INTERVAL_S = 0.02  # with --kill-at, as for isolated tests: a fast script passes the limit by less
 NVML_INTERVAL_S = 0.05
-PASSED_ON = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-IGNORED = (signal.SIGINT, signal.SIGQUIT)
+# By name: the platform has those it has (Windows: SIGTERM and SIGINT).
+PASSED_ON = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+IGNORED = ("SIGINT", "SIGQUIT")
 EXIT_OVER_BUDGET = 1
 USAGE = "tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]"
 
@@ -195,21 +197,25 @@ class AgentTail:
         return self.last
 
 
+def _numbers(names: tuple[str, ...]) -> list[int]:
+    return [getattr(signal, name) for name in names if hasattr(signal, name)]
+
+
 @contextmanager
-def _signals_passed_to(process: subprocess.Popen[bytes]) -> Iterator[list[signal.Signals]]:
+def _signals_passed_to(process: subprocess.Popen[bytes]) -> Iterator[list[str]]:
     """While the child runs: ignore SIGINT/SIGQUIT (the terminal sends them to the child too),
-    pass SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on; the list says which were passed on."""
-    passed: list[signal.Signals] = []
+    pass SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on; the list names those that were passed on."""
+    passed: list[str] = []
 
     def pass_on(number: int, _frame: object) -> None:
-        passed.append(signal.Signals(number))
+        passed.append(signal.Signals(number).name)
         try:
             process.send_signal(number)
         except ProcessLookupError:
             pass
 
-    before = {number: signal.signal(number, signal.SIG_IGN) for number in IGNORED}
-    before.update({number: signal.signal(number, pass_on) for number in PASSED_ON})
+    before = {number: signal.signal(number, signal.SIG_IGN) for number in _numbers(IGNORED)}
+    before.update({number: signal.signal(number, pass_on) for number in _numbers(PASSED_ON)})
     try:
         yield passed
     finally:
@@ -235,7 +241,8 @@ def run(target: Target, options: RunOptions) -> int:
         tail = AgentTail(readings)
         limit = system.applicable_memory_limit()
         started = time.time()
-        told = ForkSizes(told_sizes_path(str(readings)))  # what the script's forks tell (the agent's page)
+        # what the script's forks tell (the agent's page)
+        told = ForkSizes(platforms.current().current_size, told_sizes_path(str(readings)))
         environment, gpu_environment = None, []
         if options.gpu_budget is not None:  # GPU figures of a framework's pool would say nothing
             environment = dict(os.environ)
@@ -276,7 +283,7 @@ def run(target: Target, options: RunOptions) -> int:
     return outcome.exit_code
 
 
-def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int, passed: list[signal.Signals],
+def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int, passed: list[str],
               limit: system.MemoryLimit, agent: summary.AgentView, gpu_peaks: dict[str, int],
               started: float, gpu_environment: list[str]) -> summary.RunSummary:
     marks = dict(result.high_water_marks)

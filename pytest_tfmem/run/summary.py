@@ -9,12 +9,11 @@ is started or read here.
 from __future__ import annotations
 
 import json
-import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem import frameworks
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample, killed_by_oom_killer
@@ -189,7 +188,7 @@ class RunSummary:
     exit_code: int  # what ``tfmem run`` exits with
     duration_s: float
     peak: int  # the sum of each process's own high-water mark
-    high_water_marks: dict[int, int]  # pid -> that process's peak (the kernel's VmHWM)
+    high_water_marks: dict[int, int]  # pid -> that process's peak (its mark: the kernel's VmHWM on Linux)
     script_pid: int
     sampled_peak: int  # the process tree's RSS, sampled
     interval_s: float
@@ -212,17 +211,17 @@ class RunSummary:
         """The few lines printed at the end."""
         others = {pid: mark for pid, mark in self.high_water_marks.items() if pid != self.script_pid}
         own = self.high_water_marks.get(self.script_pid, 0)
-        ended = (
-            f"exit code {self.returncode}" if self.returncode >= 0
-            else f"killed by {signal.Signals(-self.returncode).name}, exit code {self.exit_code}"
-        )
+        ending = platforms.current().ending(self.returncode)
+        ended = f"exit code {self.returncode}"
+        if ending.signal is not None:
+            ended = f"killed by {ending.signal}, exit code {self.exit_code}"
         lines = [f"tfmem run: {' '.join(self.command)}: {ended} after {self.duration_s:.1f} s"]
         where = f", reached {self.place_at_peak}" if self.place_at_peak is not None else ""
         split = f": main process {format_size(own)}"
         if others:
             split += f" + {len(others)} other process(es) {format_size(sum(others.values()))}"
         every = f"{self.interval_s * 1000:.0f} ms"
-        lines.append(f"  peak {format_size(self.peak)} (the kernel's high-water marks{split}){where}")
+        lines.append(f"  peak {format_size(self.peak)} ({platforms.current().marks_named}{split}){where}")
         lines.append(f"  process tree RSS sampled every {every}: peak {format_size(self.sampled_peak)}, "
                      f"last {format_size(self.timeline[-1][1] if self.timeline else 0)}")
         if self.device_peaks:
@@ -264,7 +263,7 @@ def _tensorflow_devices(levels: dict[str, int]) -> dict[str, int]:
     return {view.removeprefix("tf:"): value for view, value in levels.items() if view.startswith("tf:")}
 
 
-def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | None, limit: MemoryLimit,
+def explain_death(result: WatchResult, pid: int, passed_on: str | None, limit: MemoryLimit,
                   agent: AgentView) -> Death | None:
     """Why the script's process died by a signal, or ``None`` if it exited."""
     sig = result.signal
@@ -277,12 +276,12 @@ def explain_death(result: WatchResult, pid: int, passed_on: signal.Signals | Non
         sender = "the kernel's OOM killer"
         cause = f"killed by the OOM killer ({result.oom_scope}'s oom_kill count rose by {result.oom_kills})"
     elif passed_on == sig:
-        sender, cause = "tfmem run, which passed on the signal it received", f"stopped by {sig.name} from outside"
+        sender, cause = "tfmem run, which passed on the signal it received", f"stopped by {sig} from outside"
     else:
         sender = "someone else"
         cause = describe_signal(sig, result.oom_kills, result.oom_scope).replace(" (not sent by pytest-tfmem)", "")
     place = agent.last_place()
-    return Death(pid, sig.name, sender, cause, result.last_rss, limit.bytes, limit.source, place)
+    return Death(pid, sig, sender, cause, result.last_rss, limit.bytes, limit.source, place)
 
 
 def advise(peak: int, host_data: int | None, device_peaks: dict[str, int], at_device_peak: Place | None,

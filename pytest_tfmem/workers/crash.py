@@ -9,12 +9,12 @@ readings, which the worker wrote to the session's journal before it died.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem import platforms
 from pytest_tfmem.journal.format import read_journal
 from pytest_tfmem.journal.reader import last_reading_line, unfinished_tests
 from pytest_tfmem.probes import system
@@ -47,18 +47,23 @@ def journal_readings(path: Path, session: str, worker: str, nodeid: str) -> tupl
     return unfinished_tests(ours).get((worker, nodeid))
 
 
+def _oom_kills() -> int | None:
+    counter = system.oom_kill_counter()
+    return None if counter is None else counter.count
+
+
 class OomKillCounter:
     """Attributes rises of the cgroup's ``oom_kill`` count to the workers that died: a kill not
     yet attributed (two workers killed at once) stays for the next crashed worker."""
 
     def __init__(self) -> None:
-        self._last = system.oom_kill_count()
+        self._last = _oom_kills()
         self._unattributed = 0
 
     def kills_for_crash(self) -> int | None:
         """OOM kills since the session began not yet attributed to a crashed worker; ``None``
         if the count cannot be read."""
-        now = system.oom_kill_count()
+        now = _oom_kills()
         if now is None or self._last is None:
             return None
         self._unattributed += max(0, now - self._last)
@@ -78,13 +83,9 @@ class CrashAccount:
     limit: system.MemoryLimit
 
     @property
-    def signal(self) -> signal.Signals | None:
-        if self.returncode is None or self.returncode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.returncode)
-        except ValueError:
-            return None
+    def signal(self) -> str | None:
+        """The signal that ended the worker (``SIGKILL``), ``None`` if it exited or is not known."""
+        return None if self.returncode is None else platforms.current().ending(self.returncode).signal
 
     def lines(self) -> list[str]:
         sig = self.signal

@@ -135,7 +135,8 @@ class TfmemWorkers:
         return [fit.auto_line(self.auto), fit.detail_line()]
 
     def pytest_sessionstart(self) -> None:
-        self.oom_kills = OomKillCounter()
+        if self.config.pluginmanager.hasplugin("dsession"):  # a pytest-xdist controller: workers may crash
+            self.oom_kills = OomKillCounter()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport) -> None:

@@ -4,10 +4,11 @@ A fork copy (a process that has not called ``exec``: a ``multiprocessing`` fork 
 ``ProcessPoolExecutor``'s, Keras's data workers) maps its parent's pages, which its resident size
 and high-water mark count: its own figure is what it grew above its size at the fork. Read from
 outside, that size is only known once a reading finds the copy, when it may have grown already.
-So each copy made by ``os.fork`` writes its pid and resident size into a page it shares with the
-process that set this up, at a slot of its own, right after the fork (``os.register_at_fork``).
-The page is anonymous (the process reads it itself: a test's children), or a file another process
-maps too (``tfmem run``'s watchdog reads what its script's forks told).
+So each copy made by a fork writes its pid and resident size into a page it shares with the
+process that set this up, at a slot of its own, right after the fork (``os.register_at_fork``,
+where the platform forks at all). The page is anonymous (the process reads it itself: a test's
+children), or a file another process maps too (``tfmem run``'s watchdog reads what its script's
+forks told).
 
 Nothing here imports the rest of the package: ``tfmem run``'s agent loads it by its path.
 """
@@ -17,22 +18,18 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable
 
 SLOTS = 1024
 _RECORD = struct.Struct("<qq")
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _resident_size() -> int:
-    with open("/proc/self/statm", "rb") as statm:
-        return int(statm.read().split()[1]) * _PAGE_SIZE
 
 
 class ForkSizes:
     """A shared page of ``(pid, size at the fork)`` slots; ``tell_forks()`` makes this process's
-    forks write theirs."""
+    forks write theirs, as ``resident_size`` reads it."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, resident_size: Callable[[], int], path: str | None = None) -> None:
+        self.resident_size = resident_size
         length = SLOTS * _RECORD.size
         if path is None:
             self._page = mmap.mmap(-1, length)  # anonymous and shared with forks
@@ -47,14 +44,16 @@ class ForkSizes:
 
     def tell_forks(self) -> ForkSizes:
         """Every fork of this process writes its size here, from now on (a fork hook cannot be
-        taken back: call this once a process)."""
-        os.register_at_fork(after_in_child=self._tell)
+        taken back: call this once a process). Nothing where Python has no fork hooks (Windows)."""
+        register = getattr(os, "register_at_fork", None)
+        if register is not None:
+            register(after_in_child=self._tell)
         return self
 
     def _tell(self) -> None:
         pid = os.getpid()
         try:
-            _RECORD.pack_into(self._page, (pid % SLOTS) * _RECORD.size, pid, _resident_size())
+            _RECORD.pack_into(self._page, (pid % SLOTS) * _RECORD.size, pid, self.resident_size())
         except (OSError, ValueError):
             pass
 
