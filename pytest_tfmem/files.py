@@ -1,9 +1,12 @@
 """tfmem's files: written atomically, read back checked, kept in ``.tfmem`` out of version control.
 
 ``write_text_atomic`` and ``create_text_atomic`` write so that readers see the old content or
-the new, never a truncated mix. ``VersionedJson`` is a JSON file format of tfmem's (baselines,
-reports): an object that names its format and version, written atomically and read back with
-both checked, every problem a ``FileFormatError`` naming the file.
+the new, never a truncated mix. An output (``Output``: a report, a summary, a chart) is written
+only over a file that is already one of its kind: ``overwrite_refusal`` says why another is
+not (a test file taken for the path when ``--tfmem-report=PATH`` was typed with a space).
+``VersionedJson`` is a JSON file format of tfmem's (baselines, reports): an object that names its
+format and version, written atomically and read back with both checked, every problem a
+``FileFormatError`` naming the file.
 
 Every place that creates a directory for tfmem's files (the results journal, traces) goes
 through ``make_directory``: a ``.tfmem`` directory it creates or finds on the way gets a
@@ -146,6 +149,11 @@ class VersionedJson:
     how_to_make: str  # "create one with --tfmem-save-baseline=PATH", for a missing file
     error: type[FileFormatError]
 
+    @property
+    def output(self) -> Output:
+        """This format as an output a path option names (``overwrite_refusal``)."""
+        return Output(self.error.what, json_format(self.name))
+
     def write(self, path: str | os.PathLike[str], body: dict[str, Any]) -> None:
         """Write ``body`` with the format's name and version, atomically."""
         data = {"format": self.name, "version": self.version, **body}
@@ -189,3 +197,67 @@ class VersionedJson:
                 f"(this pytest-tfmem reads version {self.version})",
             )
         return data
+
+
+# How much of an existing file is read to tell whether it is a tfmem output of a kind.
+_HEAD_BYTES = 4096
+_IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"%PDF-", b"<svg", b"<?xml")
+
+
+@dataclass(frozen=True)
+class Output:
+    """A kind of file tfmem writes at a path the user gives, and how one is recognised."""
+
+    name: str  # "JSON report"
+    # Whether an existing file is one of this kind; ``None`` where its reader checks it in detail
+    # before anything is written (a baseline, which a save merges into).
+    recognise: Callable[[Path], bool] | None
+
+
+def json_format(name: str) -> Callable[[Path], bool]:
+    """A ``VersionedJson`` file of the format ``name`` (any version)."""
+
+    def recognise(path: Path) -> bool:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("format") == name
+
+    return recognise
+
+
+def first_line(test: Callable[[str], bool]) -> Callable[[Path], bool]:
+    """A text file whose first line passes ``test``."""
+
+    def recognise(path: Path) -> bool:
+        try:
+            with open(path, encoding="utf-8", errors="strict") as stream:
+                return test(stream.readline(_HEAD_BYTES).strip())
+        except (OSError, ValueError):
+            return False
+
+    return recognise
+
+
+def _image(path: Path) -> bool:
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(len(_IMAGE_SIGNATURES[0])).startswith(_IMAGE_SIGNATURES)
+    except OSError:
+        return False
+
+
+IMAGE = Output("chart (PNG, SVG or PDF)", _image)
+
+
+def overwrite_refusal(path: Path, kind: Output) -> str | None:
+    """Why ``path`` must not be written as ``kind``, or ``None``: a directory, a Python source
+    file, or an existing file that is not one of ``kind``."""
+    if path.is_dir():
+        return "it is a directory"
+    if path.suffix in (".py", ".pyi", ".ipynb"):
+        return "it is Python source" + (", not a pytest-tfmem " + kind.name if path.exists() else "")
+    if path.exists() and kind.recognise is not None and not kind.recognise(path):
+        return f"it exists and is not a pytest-tfmem {kind.name}"
+    return None

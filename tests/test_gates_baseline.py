@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import platform
+import re
+import subprocess
+import sys
 
 import pytest
 from gates_helpers import REGRESSION_LINE, load, run, write_suite
@@ -26,7 +29,7 @@ def test_test_grown_by_half_fails_with_the_numbers_and_the_others_pass(pytester,
     write_suite(pytester, {**SUITE, "grow": 120})
     result = run(pytester, f"--tfmem-baseline={baseline.name}", "--tfmem-tolerance=10%")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["FAILED test_suite.py::test_grow - pytest_tfmem.errors.MemoryRegression*"])
+    result.stdout.fnmatch_lines(["FAILED test_suite.py::test_grow - tfmem: peak * vs baseline *"])
     match = REGRESSION_LINE.search(result.stdout.str())
     assert match, result.stdout.str()
     now, before = float(match["now"]), float(match["before"])
@@ -223,3 +226,53 @@ def test_pytest_help_shows_the_gate_options(pytester):
     result.stdout.fnmatch_lines(["*--tfmem-tolerance=VALUE*", "*('10%'), a size with a unit*"])
     for option in ("--tfmem-baseline=", "--tfmem-save-baseline=", "--tfmem-baseline-prune", "--tfmem-report="):
         result.stdout.fnmatch_lines([f"*{option}*"])
+
+
+KEEPS = """
+import os
+
+import numpy as np
+
+KEPT = []
+
+def test_keeps():
+    KEPT.append(np.ones(int(os.environ["KEEP_MB"]) * 10**6 // 8))
+
+def test_steady():
+    assert sum(range(10)) == 45
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_a_test_whose_peak_and_retained_both_regress_fails_once_naming_both(pytester, monkeypatch, workers):
+    pytester.makepyfile(test_keeps=KEEPS)
+    monkeypatch.setenv("KEEP_MB", "20")
+    run(pytester, "--tfmem-save-baseline=base.json", fresh_process=True).assert_outcomes(passed=2)
+    assert load(pytester.path / "base.json")["tests"]["test_keeps.py::test_keeps"]["retained"] > 19 * 2**20
+    monkeypatch.setenv("KEEP_MB", "80")
+    result = run(pytester, "--tfmem-baseline=base.json", "--tfmem-report=report.json", "--junitxml=junit.xml",
+                 *workers, fresh_process=True)
+    result.assert_outcomes(passed=1, failed=1)  # no teardown error beside the failure
+    summary = next(line for line in result.outlines if line.startswith("FAILED test_keeps.py::test_keeps"))
+    assert summary[:80].startswith("FAILED test_keeps.py::test_keeps - tfmem: peak 7")  # the figures, at once
+    block = result.stdout.str().split("_ test_keeps _")[1]
+    assert re.search(r"tfmem: peak 7\d\.\d MiB vs baseline 1\d\.\d MiB \(.*> 10%\+16MB\)\n", block)
+    assert re.search(r"tfmem: retained 7\d\.\d MiB vs baseline 1\d\.\d MiB \(.*> 10%\+16MB\)\n", block)
+    result.stdout.fnmatch_lines([
+        "2 tests measured: 0 over budget, 1 regression beyond tolerance, *",
+        "test_keeps.py::test_keeps *peak; retained *regression",
+    ])
+    compared = result.stdout.str().split("tfmem: baseline ")[1].split("JSON report written")[0]
+    assert compared.count("test_keeps.py::test_keeps ") == 1  # one row, both figures
+    report = load(pytester.path / "report.json")
+    assert report["summary"]["regressions"] == 1 and report["summary"]["failed"] == 1
+    keeps = next(test for test in report["tests"] if test["nodeid"] == "test_keeps.py::test_keeps")
+    quantities = keeps["extra"]["baseline"]["quantities"]
+    assert {name: figures["status"] for name, figures in quantities.items()} == {"peak": "regression", "retained": "regression"}
+    junit = (pytester.path / "junit.xml").read_text()
+    assert junit.count("<failure") == 1 and "<error" not in junit
+    command = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "compare", "base.json", "report.json"],
+                             cwd=pytester.path, capture_output=True, text=True)
+    assert command.stdout.splitlines()[-1] == (
+        "1 regression(s), 0 improvement(s) beyond tolerance, 1 within tolerance, 0 not in the baseline"  # tests, not figures
+    )

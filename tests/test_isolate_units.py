@@ -24,7 +24,6 @@ from pytest_tfmem.platforms import cgroups
 from pytest_tfmem.probes import system
 from pytest_tfmem.probes.watchdog import ProcessTreeRss, WatchResult, downsample
 
-
 PHYSICAL = 16 * 2**30  # the machine's memory, as the platform read it
 
 

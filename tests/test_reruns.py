@@ -240,7 +240,7 @@ def test_isolated_attempts_and_kills(pytester: pytest.Pytester, runs_dir: Path) 
     assert_close(tests["test_flaky"]["extra"]["isolated"]["process_peak_increase"], 10 * MIB)  # the last attempt's
     isolated_table = result.stdout.str().split("tfmem: isolated tests")[1].split("short test summary")[0]
     assert isolated_table.count("::test_flaky") == isolated_table.count("::test_killed_second") == 1
-    result.stdout.fnmatch_lines(["FAILED test_killed.py::test_killed_first - pytest_tfmem.errors.KilledAtLimit*"])
+    result.stdout.fnmatch_lines(["FAILED test_killed.py::test_killed_first - tfmem: killed at kill_at*"])
     assert "ERROR" not in result.stdout.str()  # a kill is the call phase's failure, whenever the reports come
 
 
@@ -250,4 +250,4 @@ def test_an_isolated_test_killed_without_reruns(pytester: pytest.Pytester, runs_
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "first")
     result.assert_outcomes(failed=1, deselected=1)
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
-    result.stdout.fnmatch_lines(["FAILED test_killed.py::test_killed_first - pytest_tfmem.errors.KilledAtLimit*"])
+    result.stdout.fnmatch_lines(["FAILED test_killed.py::test_killed_first - tfmem: killed at kill_at*"])

@@ -277,3 +277,52 @@ def test_reports_written_before_retained_figures_still_load_and_show(tmp_path: P
         cwd=tmp_path, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert plotted.returncode == 2 and "holds no retained figures" in plotted.stderr
+
+
+LEAK_CHECK_THEN_PLAIN = """
+import numpy as np
+
+KEPT = []
+
+
+def build():
+    return [dict(a=i) for i in range(100)]
+
+
+def test_a_leak_check(tfmem):
+    tfmem.assert_no_leak(build, iterations=5, warmup=1, max_growth="1MB")
+
+
+def test_appends_arrays():
+    for _ in range(4):
+        KEPT.append(np.ones(5 * 2**20 // 8))
+"""
+
+
+def test_a_leak_check_leaves_the_sessions_frozen_objects_out_of_the_books(pytester: pytest.Pytester):
+    """The check thaws what the session's collector froze, to find what holds its growth; it
+    freezes it again, so the objects of the session are not booked to the test, and what each test
+    is said to have left adds up to no more than it retained."""
+    pytester.makepyfile(test_books=LEAK_CHECK_THEN_PLAIN)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB",
+                                           "--tfmem-stayed-threshold=100KB", f"--tfmem-report={report}")
+    result.assert_outcomes(passed=2)
+    tests = {test["nodeid"].split("::")[1]: test["retained"] for test in json.loads(report.read_text())["tests"]}
+    check, plain = tests["test_a_leak_check"], tests["test_appends_arrays"]
+    assert check["bytes"] < MIB and not any("new objects alive" in line for line in check["stayed"])
+    assert plain["stayed"][0] == "list 'KEPT' (global of test_books) +4 items: ndarray 20.0 MiB"
+    for retained in tests.values():
+        assert retained["named_bytes"] <= retained["bytes"]
+    assert sum(r["named_bytes"] for r in tests.values()) <= sum(r["bytes"] for r in tests.values())
+
+
+def test_a_test_is_never_said_to_have_left_more_than_it_retained():
+    from pytest_tfmem.session.stayed import Stayed
+
+    stayed = Stayed(sized=("list 'KEPT' (global of test_x) +1 item: ndarray 60.0 MiB",), named_bytes=60 * MIB)
+    assert stayed.lines(34 * MIB)[-1] == (
+        "named 34.0 of 34.0 MiB; the holders above gained 60.0 MiB, more than the process grew: part of it "
+        "reused memory freed before the test"
+    )
+    assert stayed.named_within(34 * MIB) == 34 * MIB and stayed.named_within(80 * MIB) == 60 * MIB

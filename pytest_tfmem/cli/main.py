@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem.core.settings import parse_positive_int
-from pytest_tfmem.files import FileFormatError
+from pytest_tfmem.files import IMAGE, FileFormatError, Output, overwrite_refusal
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import SIZE_FORMS, parse_size
 
@@ -106,6 +106,17 @@ class Command:
 REPORT = argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-report=PATH)")
 
 
+def _output(text: str, kind: Output, flag: str) -> Path:
+    """Where a command writes ``kind``: refused, as bad input, where that would replace a file of
+    another kind (``files.overwrite_refusal``)."""
+    path = Path(text)
+    reason = overwrite_refusal(path, kind)
+    if reason is not None:
+        raise CliError(f"{flag} would write the {kind.name} over {path}: {reason}; it was left unchanged. "
+                       f"Give it a path of its own: {flag}=PATH")
+    return path
+
+
 # compare
 
 
@@ -124,7 +135,13 @@ def run_compare(args: argparse.Namespace) -> int:
     from pytest_tfmem.gates.baseline import load_baseline
     from pytest_tfmem.gates.compare import IMPROVEMENT, NEW, REGRESSION, WITHIN, compare, not_run_note
     from pytest_tfmem.gates.environment import environment_differences, unlike_memory
-    from pytest_tfmem.gates.reports import comparison_markdown, comparison_rows, load_report, sort_comparisons
+    from pytest_tfmem.gates.reports import (
+        comparison_markdown,
+        comparison_rows,
+        load_report,
+        sort_comparisons,
+        statuses_by_test,
+    )
 
     baseline = _load(load_baseline, args.baseline)
     report = _load(load_report, args.report)
@@ -155,7 +172,7 @@ def run_compare(args: argparse.Namespace) -> int:
             print(f"tfmem: warning: {note}", file=sys.stderr)
         if shown:
             print("\n".join(render_table(comparison_rows(shown))))
-        statuses = [c.status for c in comparisons]
+        statuses = statuses_by_test(comparisons)  # tests, not their quantities
         print(
             f"{statuses.count(REGRESSION)} regression(s), "
             f"{statuses.count(IMPROVEMENT)} improvement(s) beyond tolerance, "
@@ -210,6 +227,7 @@ def run_plot(args: argparse.Namespace) -> int:
         from pytest_tfmem.cli.plot import plot_peaks, plot_session
     except ImportError:
         raise CliError("tfmem plot needs matplotlib: pip install matplotlib") from None
+    _output(args.output, IMAGE, "--output")
     report = _load(load_report, args.report)
     if args.session:
         from pytest_tfmem.core.record import session_account
@@ -260,6 +278,7 @@ def run_last(args: argparse.Namespace) -> int:
 
 def run_run(args: argparse.Namespace) -> int:
     from pytest_tfmem.run.command import RunOptions, Target, TargetError, run
+    from pytest_tfmem.run.summary import RUN_REPORT
 
     try:
         target = Target.parse(args.rest)
@@ -267,7 +286,8 @@ def run_run(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     options = RunOptions(
         budget=args.budget, kill_at=args.kill_at, gpu_budget=args.gpu_budget,
-        report=Path(args.report) if args.report else None, plot=Path(args.plot) if args.plot else None,
+        report=_output(args.report, RUN_REPORT.output, "--report") if args.report else None,
+        plot=_output(args.plot, IMAGE, "--plot") if args.plot else None,
         results=Path(args.results) if args.results else None,
     )
     if options.plot is not None:
@@ -305,9 +325,10 @@ program; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to tfmem run are passed on to
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from pytest_tfmem.gates.baseline import save_baseline
+    from pytest_tfmem.gates.baseline import FORMAT, save_baseline
     from pytest_tfmem.gates.merge import MergeConflict, merge_shards, read_shard
 
+    _output(args.output, FORMAT.output, "--output")
     shards = [_load(read_shard, path) for path in args.inputs]
     try:
         merged = merge_shards(shards, args.prefer)

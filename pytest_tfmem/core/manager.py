@@ -39,7 +39,7 @@ from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import render_table, section_text, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
-from pytest_tfmem.errors import failure_for
+from pytest_tfmem.errors import TfmemFailure, failure_for
 from pytest_tfmem.frameworks import Framework
 from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.garbage import Collector
@@ -127,6 +127,9 @@ class TfmemManager:
         self.records: list[TestRecord] = []
         self._gathered: set[str] = set()  # the node ids among the records
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
+        # call reports failed by a tfmem check, until their teardown's report: a check on what the
+        # test left behind fails it there, in the same message, not as a second outcome
+        self._failed_calls: dict[str, pytest.TestReport] = {}
         self._measure_all: bool | None = None
         self._prepared: set[str] = set()  # the frameworks whose runtime was prepared (by module)
         self._named_by_module: dict[tuple[int, int], set[str]] = {}  # a test module's named modules
@@ -412,6 +415,9 @@ class TfmemManager:
         # Asked before the report is made, so that what features publish now reaches it.
         added = [] if record is None else self._report_sections(item, record)
         report = yield
+        if call.excinfo is not None and isinstance(call.excinfo.value, TfmemFailure):
+            # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's path
+            pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines())
         if record is not None:
             report.sections.append(("tfmem", section_text(record)))
             for sections in added:
@@ -434,6 +440,8 @@ class TfmemManager:
             record = record_from_report(report)
             if record is not None:
                 attempts.gather(self.records, record, self._gathered)
+                if report.failed and record.failed_verdicts:
+                    self._failed_calls[report.nodeid] = report
             self.not_measured += [
                 (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
             ]
@@ -446,7 +454,12 @@ class TfmemManager:
         if after_teardown is None or after_teardown.retained is None:
             return
         record = next((r for r in reversed(self.records) if r.nodeid == report.nodeid), None)
+        failed_call = self._failed_calls.pop(report.nodeid, None)
         if record is not None:
+            added = [v for v in after_teardown.verdicts[len(record.verdicts):] if not v.ok]
+            if failed_call is not None and added:  # the test failed once: its failure names every figure
+                lines = [f"tfmem: {verdict.message}" for verdict in (*record.failed_verdicts, *added)]
+                pytest_internals.set_failure_message(failed_call, lines)
             record.retained = after_teardown.retained
             record.verdicts = after_teardown.verdicts
             record.extra = after_teardown.extra

@@ -83,3 +83,19 @@ def release_fixture_values(item: pytest.Item) -> None:
     funcargs = getattr(item, "funcargs", None)
     if isinstance(funcargs, dict):
         funcargs.clear()
+
+
+def set_failure_message(report: pytest.TestReport, lines: list[str]) -> None:
+    """The message of a failure raised with ``pytrace=False`` (tfmem's checks) as the report shows
+    it: ``lines`` in the failure's block (``ReprEntry.lines`` of its one entry), and in the short
+    summary line, read from ``reprcrash.message``, the lines joined, without the exception's module
+    path that pytest puts first (its figures then fit in the first 80 columns)."""
+    longrepr = report.longrepr
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is None:
+        return
+    crash.message = "; ".join([lines[0], *(line.removeprefix("tfmem: ") for line in lines[1:])])
+    traceback = getattr(longrepr, "reprtraceback", None)
+    entries = getattr(traceback, "reprentries", [])
+    if getattr(traceback, "style", None) == "value" and len(entries) == 1:
+        entries[0].lines[:] = lines

@@ -126,6 +126,14 @@ def compare_retained(nodeid: str, retained: int, baseline: int, tolerance: Toler
     return Comparison(nodeid, RETAINED, max(0, retained), baseline, tolerance)
 
 
+def by_test(comparisons: Iterable[Comparison]) -> dict[str, list[Comparison]]:
+    """The comparisons grouped by test, in the order each test first comes."""
+    grouped: dict[str, list[Comparison]] = {}
+    for comparison in comparisons:
+        grouped.setdefault(comparison.nodeid, []).append(comparison)
+    return grouped
+
+
 def overall_status(comparisons: list[Comparison]) -> str:
     statuses = {comparison.status for comparison in comparisons}
     return next((status for status in STATUS_ORDER if status in statuses), WITHIN)

@@ -20,7 +20,8 @@ from pytest_tfmem.core.manager import ARGUMENTS, manager
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.files import write_text_atomic
+from pytest_tfmem.files import Output, write_text_atomic
+from pytest_tfmem.gates import reports
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
@@ -41,6 +42,7 @@ from pytest_tfmem.gates.environment import (
     unlike_memory,
 )
 from pytest_tfmem.gates.reports import (
+    FORMAT as report_format,
     SessionReport,
     comparison_rows,
     counts_sentence,
@@ -89,6 +91,8 @@ GITHUB_SUMMARY = settings.Option(
     flag=True,
 )
 OPTIONS = [BASELINE, SAVE_BASELINE, BASELINE_PRUNE, TOLERANCE, REPORT, MARKDOWN, GITHUB_SUMMARY]
+# A save merges into the file it names: an existing one is read, and refused in detail, before the run.
+SAVED_BASELINE = Output("baseline", recognise=None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,6 +116,9 @@ class CiGates:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
+        # the files it writes: never over a file of another kind, a test file above all
+        values.update({option.name: settings.read_output_option(config, option, kind) for option, kind in (
+            (SAVE_BASELINE, SAVED_BASELINE), (REPORT, report_format.output), (MARKDOWN, reports.MARKDOWN))})
         self.tolerance: Tolerance = values["tolerance"]
         self.prune: bool = values["baseline_prune"]
         self.baseline_path: Path | None = values["baseline"]

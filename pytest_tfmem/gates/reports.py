@@ -27,12 +27,14 @@ from typing import Any
 
 from pytest_tfmem.core.record import TestRecord, session_account
 from pytest_tfmem.core.summary import summary_rows
-from pytest_tfmem.files import FileFormatError, VersionedJson
+from pytest_tfmem.files import FileFormatError, Output, VersionedJson, first_line
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
     REGRESSION,
+    RETAINED,
     Comparison,
+    by_test,
     comparisons_from_record,
     overall_status,
 )
@@ -48,6 +50,8 @@ class ReportError(FileFormatError):
 FORMAT = VersionedJson(
     "pytest-tfmem-report", 1, how_to_make="write one with pytest --tfmem-report=PATH", error=ReportError
 )
+MARKDOWN_TITLE = "### pytest-tfmem: memory per test"
+MARKDOWN = Output("Markdown summary", first_line(lambda line: line == MARKDOWN_TITLE))
 
 
 @dataclass
@@ -128,17 +132,31 @@ def load_report(path: str | Path) -> SessionReport:
 
 
 def comparison_rows(comparisons: Sequence[Comparison]) -> list[list[str]]:
-    """Header plus one row per comparison: test, what, baseline, now, change, tolerance, status."""
+    """Header plus one row per test, in the order its comparisons come: its quantities (``peak;
+    retained``), each one's baseline, figure now and change, the tolerance, the test's status."""
     rows = [["test", "what", "baseline", "now", "change", "tolerance", "status"]]
-    for c in comparisons:
-        change = "-"
-        if c.change is not None:
-            percent = c.change_percent
-            change = format_size(c.change, signed=True) + ("" if percent is None else f" ({percent:+.1f}%)")
-        rows.append(
-            [c.nodeid, c.label, format_size(c.baseline), format_size(c.current), change, str(c.tolerance), c.status]
-        )
+    for nodeid, compared in by_test(comparisons).items():
+        own = sorted(compared, key=lambda c: (c.quantity != "peak", c.quantity == RETAINED, c.quantity))
+        changes = [_change(c) for c in own]
+        rows.append([
+            nodeid, "; ".join(c.label for c in own), "; ".join(format_size(c.baseline) for c in own),
+            "; ".join(format_size(c.current) for c in own), "; ".join(changes), str(own[0].tolerance),
+            overall_status(own),
+        ])
     return rows
+
+
+def _change(comparison: Comparison) -> str:
+    """``+172.0 MiB (+26.9%)``; ``-`` without a baseline figure."""
+    if comparison.change is None:
+        return "-"
+    percent = comparison.change_percent
+    return format_size(comparison.change, signed=True) + ("" if percent is None else f" ({percent:+.1f}%)")
+
+
+def statuses_by_test(comparisons: Sequence[Comparison]) -> list[str]:
+    """Each test's status, once per test however many of its quantities were compared."""
+    return [overall_status(own) for own in by_test(comparisons).values()]
 
 
 def sort_comparisons(comparisons: Sequence[Comparison]) -> list[Comparison]:
@@ -173,12 +191,12 @@ def counts_sentence(counts: dict[str, int], *, compared: bool) -> str:
 
 def comparison_markdown(comparisons: Sequence[Comparison], *, title: str, notes: Sequence[str] = ()) -> str:
     """Markdown for a PR comment: a status line, notes, the tests that moved beyond tolerance."""
-    statuses = [c.status for c in comparisons]
+    statuses = statuses_by_test(comparisons)
     moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
     lines = [f"### {title}", ""]
     lines.append(
         f"{statuses.count(REGRESSION)} regression(s), {statuses.count(IMPROVEMENT)} improvement(s) beyond "
-        f"tolerance, {statuses.count(NEW)} not in the baseline, out of {len(comparisons)} compared figure(s)."
+        f"tolerance, {statuses.count(NEW)} not in the baseline, out of {len(statuses)} compared test(s)."
     )
     lines += [""] + [f"> {note}" for note in notes] + ([""] if notes else [])
     if moved:
@@ -191,7 +209,7 @@ def session_markdown(records: Sequence[TestRecord], *, top: int, notes: Sequence
     counts = summary_counts(records)
     comparisons = [c for record in records for c in comparisons_from_record(record)]
     moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
-    lines = ["### pytest-tfmem: memory per test", "", counts_sentence(counts, compared=bool(comparisons)) + ".", ""]
+    lines = [MARKDOWN_TITLE, "", counts_sentence(counts, compared=bool(comparisons)) + ".", ""]
     lines += [f"> {note}" for note in notes] + ([""] if notes else [])
     if moved:
         lines += ["Beyond tolerance of the baseline:", "", *markdown_table(comparison_rows(moved)), ""]

@@ -48,10 +48,21 @@ RESULTS = settings.Option(
 )
 
 
+def _starts_a_journal(line: str) -> bool:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and entry.get("event") == "session"
+
+
+OUTPUT = files.Output("results journal", files.first_line(_starts_a_journal))
+
+
 def results_path(config: pytest.Config) -> tuple[Path, bool]:
     """This session's journal and whether ``--tfmem-results`` (or its ini value) chose it."""
-    path, given = settings.read_option(config, RESULTS)
-    return path or config.rootpath / DEFAULT_PATH, given
+    path = settings.read_output_option(config, RESULTS, OUTPUT)
+    return path or config.rootpath / DEFAULT_PATH, path is not None
 
 
 def previous_path(path: Path) -> Path:

@@ -166,7 +166,7 @@ def leak_check(
     # The diagnosis state is alive at every reading, the baseline's included, so its own
     # memory is an offset, not a trend.
     tracker = GrowthTracker()
-    with _objects_alive_now_exempt_from_gc(tracker.record_containers):
+    with _objects_alive_now_exempt_from_gc(tracker.record_containers) as freeze:
         tracker.observe()
         host.release_freed_memory()
         already = running_children()  # processes running before the loop (a wider fixture's) are not its
@@ -178,6 +178,8 @@ def leak_check(
             for view, level in current_levels(trackers, already).items():
                 series.setdefault(view, []).append(level)  # a view that appears late has no baseline
             tracker.observe()
+        freeze.thaw()  # the diagnosis compares every container, the ones alive before the check too
+        diagnosis = tracker.diagnosis()
 
     complete = {view: tuple(levels) for view, levels in series.items() if len(levels) == iterations + 1}
     if not any(complete.get(CHILDREN_VIEW, ())):
@@ -188,7 +190,7 @@ def leak_check(
         max_growth=limit,
         series=complete,
         slopes={view: theil_sen_slope(levels) for view, levels in complete.items()},
-        diagnosis=tracker.diagnosis(),
+        diagnosis=diagnosis,
         duration_s=time.perf_counter() - started,
     )
 
@@ -198,31 +200,54 @@ def leak_check(
 _running_checks = 0
 
 
+class _Freeze:
+    """The check's freeze of the objects alive at its baseline (``_objects_alive_now_exempt_from_gc``)."""
+
+    def __init__(self, outermost: bool) -> None:
+        self.outermost = outermost
+        self.frozen = False
+
+    def start(self, before_freeze: Callable[[], None]) -> None:
+        if self.outermost:
+            gc.unfreeze()
+        gc.collect()
+        before_freeze()
+        if self.outermost:
+            gc.freeze()
+            self.frozen = True
+
+    def thaw(self) -> None:
+        """Give the check's frozen objects back to the collector (once)."""
+        if self.frozen:
+            gc.unfreeze()
+            self.frozen = False
+
+
 @contextmanager
-def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iterator[None]:
+def _objects_alive_now_exempt_from_gc(before_freeze: Callable[[], None]) -> Iterator[_Freeze]:
     """``gc.freeze()`` for the measured iterations, so each ``gc.collect()`` traverses only the
     objects created since the baseline (a TF process holds ~400k others; a full collection takes
     a few hundred ms). Objects alive at the baseline are part of every reading either way; garbage
     among them is collected when the check ends. Object counts then cover new objects only,
     which is what can grow. What was frozen before (the per-test collector's freeze) is thawed
     first, so that ``before_freeze`` (which finds the containers that hold what grows) sees every
-    object. A nested check leaves the freeze to the outer one.
+    object; the check thaws its own (``_Freeze.thaw``, at the latest when it ends) and, where
+    objects were frozen before it, freezes again after a full collection: the session's books
+    would otherwise count every thawed object as the test's. A nested check leaves the freeze to
+    the outer one.
     """
     global _running_checks
-    if _running_checks:
-        gc.collect()
-        before_freeze()
-        yield
-        return
+    freeze = _Freeze(outermost=not _running_checks)
+    frozen_before = freeze.outermost and gc.get_freeze_count() > 0  # a session's collector froze the older objects
     _running_checks += 1
-    gc.unfreeze()
-    gc.collect()
-    before_freeze()
-    gc.freeze()
     try:
-        yield
+        freeze.start(before_freeze)
+        yield freeze
     finally:
-        gc.unfreeze()
+        freeze.thaw()
+        if frozen_before:  # as it found it: frozen again, the check's own garbage collected first
+            gc.collect()
+            gc.freeze()
         _running_checks -= 1
 
 

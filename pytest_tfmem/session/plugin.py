@@ -222,14 +222,15 @@ class SessionBooks:
         )
         lines = weighed.stayed.lines(retained.bytes) if weighed.stayed is not None else ()
         lines = (*still_running(record), *((weighed.failed,) if weighed.failed else lines))
-        named = weighed.stayed.named_bytes if weighed.stayed is not None else None
+        named = weighed.stayed.named_within(retained.bytes) if weighed.stayed is not None else None
         record.retained = dataclasses.replace(retained, stayed=lines, named_bytes=named)
         tfmem.last_boundary = Boundary(item.nodeid, level, record.retained)
         verdicts = [v for v in self.config.hook.pytest_tfmem_check_retained(item=item, record=record) if v is not None]
+        failed_already = bool(record.failed_verdicts)  # its call failed a tfmem check
         record.verdicts += verdicts
         publish(item, record)
         failed = [v for v in verdicts if not v.ok]
-        if not failed:
+        if not failed or failed_already:  # one outcome a test: the call's failure names these too
             return None
         return failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
 

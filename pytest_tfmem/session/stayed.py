@@ -68,9 +68,18 @@ class Stayed:
 
     def lines(self, figure: int) -> tuple[str, ...]:
         """The lines for a test that left ``figure`` bytes: the sized holders, then ``named 9.8
-        of 243.3 MiB; the rest is native memory (...)``."""
+        of 243.3 MiB; the rest is native memory (...)``. The test is never said to have left more
+        than ``figure``: holders that gained more (memory the process had freed earlier, reused)
+        are named up to it, and the line says so."""
         rest = f"; the rest is native memory ({', '.join(self.native)})" if self.native else ""
-        return (*self.sized, f"named {_share(self.named_bytes, figure)}{rest}")
+        if self.named_bytes > figure:
+            rest = (f"; the holders above gained {format_size(self.named_bytes)}, more than the process grew: "
+                    "part of it reused memory freed before the test")
+        return (*self.sized, f"named {_share(self.named_within(figure), figure)}{rest}")
+
+    def named_within(self, figure: int) -> int:
+        """What the holders account for of a test that left ``figure`` bytes: never more than it."""
+        return max(0, min(self.named_bytes, figure))
 
 
 class Watcher:

@@ -1,0 +1,95 @@
+"""No file is lost to an output: every option and command that writes a file refuses one that is
+not already a tfmem file of that kind, above all the test file a space put in place of ``=``
+(``pytest --tfmem-report tests/test_typo.py`` takes the test for the report's path)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = """
+def test_one():
+    assert sum(range(10)) == 45
+"""
+
+# Each pytest option that writes a file, and what the file is called in its message.
+WRITERS = {
+    "report": "report",
+    "markdown": "Markdown summary",
+    "save-baseline": "baseline",
+    "results": "results journal",
+}
+
+
+@pytest.mark.parametrize("option", sorted(WRITERS))
+def test_a_space_instead_of_equals_leaves_the_test_file_alone(pytester: pytest.Pytester, option: str):
+    pytester.makepyfile(test_typo=TESTS)
+    kept = (pytester.path / "test_typo.py").read_bytes()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tfmem-{option}", "test_typo.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([
+        f"ERROR: pytest-tfmem: --tfmem-{option} would write the {WRITERS[option]} over {pytester.path / 'test_typo.py'}: "
+        f"it is Python source, not a pytest-tfmem {WRITERS[option]}; it was left unchanged. Give it a path of its own: "
+        f"--tfmem-{option}=PATH (after a space, the next argument is taken for the path)"
+    ])
+    assert (pytester.path / "test_typo.py").read_bytes() == kept
+    assert not (pytester.path / ".tfmem").exists()  # no test ran
+
+
+@pytest.mark.parametrize("option", ["report", "markdown", "results"])
+def test_a_file_of_another_kind_is_refused_and_one_of_its_own_kind_replaced(pytester: pytest.Pytester, option: str):
+    pytester.makepyfile(test_one=TESTS)
+    notes = pytester.path / "notes.txt"
+    notes.write_text("my notes\n")
+    refused = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tfmem-{option}=notes.txt")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines([f"*over {notes}: it exists and is not a pytest-tfmem {WRITERS[option]}; it was left unchanged.*"])
+    assert notes.read_text() == "my notes\n"
+    output = pytester.path / "output"
+    for _ in range(2):  # the second run replaces what the first wrote
+        pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tfmem-{option}=output").assert_outcomes(passed=1)
+    assert output.stat().st_size > 0
+
+
+def test_the_baseline_to_save_into_is_refused_in_detail_by_its_reader(pytester: pytest.Pytester):
+    """A baseline is merged into: an existing file is read first, and a bad one named with its problem."""
+    pytester.makepyfile(test_one=TESTS)
+    (pytester.path / "notes.json").write_text('{"mine": 1}\n')
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-save-baseline=notes.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*notes.json*not a pytest-tfmem baseline*left unchanged*"])
+    assert (pytester.path / "notes.json").read_text() == '{"mine": 1}\n'
+
+
+def test_a_path_the_session_was_given_to_collect_is_refused(pytester: pytest.Pytester):
+    pytester.makepyfile(test_one=TESTS)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=report.json").assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=report.json", "report.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--tfmem-report would write the report over *report.json: the session was given it to collect*"])
+
+
+def tfmem(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_commands_refuse_to_write_over_a_file_of_another_kind(pytester: pytest.Pytester):
+    pytester.makepyfile(test_one=TESTS)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=report.json").assert_outcomes(passed=1)
+    kept = (pytester.path / "test_one.py").read_bytes()
+    (pytester.path / "script.py").write_text("open('ran', 'w').close()\n")
+    for command, flag in (
+        (["plot", "report.json", "-o", "test_one.py"], "--output"),
+        (["merge", "-o", "test_one.py", "report.json"], "--output"),
+        (["run", "--report", "test_one.py", "script.py"], "--report"),
+        (["run", "--plot", "test_one.py", "script.py"], "--plot"),
+    ):
+        done = tfmem(pytester.path, *command)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert f"tfmem: error: {flag} would write the" in done.stderr and "test_one.py: it is Python source" in done.stderr
+        assert (pytester.path / "test_one.py").read_bytes() == kept
+    assert not (pytester.path / "ran").exists()  # refused before the script ran
