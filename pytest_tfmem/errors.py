@@ -13,6 +13,9 @@ from types import MappingProxyType
 
 import pytest
 
+# The last line of every tfmem failure in a report: where each figure's meaning is said.
+FIGURES_HELP = "what each figure counts: pytest-tfmem's README.md, \"What each figure counts\""
+
 
 class TfmemFailure(pytest.fail.Exception):  # type: ignore[name-defined]  # an attribute of a function, not a name
     """Base class of every memory verdict that fails a test."""

@@ -200,3 +200,31 @@ def test_fixture_measure_current_and_clean(pytester: pytest.Pytester):
         """
     )
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+ONE_SPIKE = """
+import numpy as np
+
+def test_spike():
+    block = np.ones(300 * 10**6, dtype=np.uint8)
+    del block
+"""
+
+
+def test_the_failure_shows_its_figures_first_and_ends_pointing_at_what_they_count(pytester: pytest.Pytester):
+    from pathlib import Path
+
+    from pytest_tfmem.errors import FIGURES_HELP
+
+    pytester.makepyfile(test_one=ONE_SPIKE)
+    result = pytester.runpytest("--tfmem-budget=200MB")
+    result.assert_outcomes(failed=1)
+    summary = next(line for line in result.outlines if line.startswith("FAILED "))
+    assert summary[:80].startswith("FAILED test_one.py::test_spike - tfmem: peak 28")  # no exception path first
+    block = result.stdout.str().split("_ test_spike _")[1].splitlines()
+    assert block[1].startswith("tfmem: peak 28") and block[2] == FIGURES_HELP
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme.split("### What each figure counts", 1)[1].split("\n## ", 1)[0]
+    for figure in ("`--tfmem-budget`", "`kill_at`", "`--tfmem-session-limit`", "`tfmem run --budget`",
+                   "`tfmem run --kill-at`", "`max_growth=`", "`--tfmem-max-retained`", "a baseline"):
+        assert f"| {figure}" in table or f"{figure}," in table, figure

@@ -147,6 +147,26 @@ def test_fit_with_clear_session_still_grows_and_the_failure_names_the_function_l
     assert leak["diagnosis"]["keras_names"] == []  # clear_session did reset Keras's name counters
 
 
+def test_the_failure_says_how_to_make_the_loop_flat(keras3: LoopRun):
+    failure = keras3.failure("test_fit_clear_session")
+    advice = re.search(r"to make it flat +(.*)", failure).group(1)
+    assert "keras.backend.clear_session() does not remove them" in advice
+    assert "Flat: compile(run_eagerly=True), or one compiled model fitted in every iteration" in advice
+    assert "docs/leaks.md" in advice
+
+
+def test_the_readmes_leak_example_passes(tmp_path: Path):
+    """The README's leak example, as printed there, passes on the loop it shows."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = readme.split("### Leak checks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "test_readme_leak.py").write_text(block)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tfmem-trace=off"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
+
+
 def test_models_kept_in_a_list_are_flagged_naming_the_model_and_layer_types(keras3: LoopRun):
     failure = keras3.failure("test_models_kept_in_a_list")
     types = re.search(r"growing types +(.*)", failure).group(1)

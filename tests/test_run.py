@@ -17,7 +17,7 @@ import pytest
 from cgroup_helpers import memory_cgroup, oom_kills
 
 from pytest_tfmem.cli.main import main
-from pytest_tfmem.run.summary import Place, advise
+from pytest_tfmem.run.summary import Place, advise, first_imports_text
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +117,12 @@ def test_a_script_exits_3_with_its_peak_report_plot_and_journal(tmp_path: Path):
     assert summary[0].startswith("tfmem run: grow.py 20 3: exit code 3 after ")
     assert summary[1].startswith(f"  peak {report['peak'] / MiB:.1f} MiB (the kernel's high-water marks: main process")
     assert ", reached in load_shards (grow.py:" in summary[1]  # at np.ones or time.sleep: both in the loop
+    # the script's own figure beside the process's: what its first imports kept (numpy's) is theirs
+    own, imports = report["own_peak"], dict(report["first_imports"])
+    assert "numpy" in imports and report["peak"] - own == sum(imports.values())
+    assert 200 * MiB <= own <= 200 * MiB + 20 * MiB
+    assert summary[2] == (f"  the script's own: {own / MiB:.1f} MiB, its first imports apart "
+                          f"({first_imports_text(tuple(map(tuple, report['first_imports'])))}), as pytest-tfmem gives a test's")
     last = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "last"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert last.returncode == 0, last.stdout

@@ -38,6 +38,10 @@ class Declarations:
     marker_keywords: Mapping[str, KeywordParser] = field(default_factory=dict)
     # Markers besides tfmem that make a test measured (tfmem_leak...).
     measuring_markers: tuple[str, ...] = ()
+    # Readers of those markers' arguments: each reads a selected test's marker once collection is
+    # done, keeps what it parsed on the item, and raises ``pytest.UsageError`` for a bad one (the
+    # core reports every bad marker of the session at once).
+    marker_readers: tuple[Callable[[pytest.Item], None], ...] = ()
 
 
 def declared(config: pytest.Config) -> list[Declarations]:

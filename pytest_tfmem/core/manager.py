@@ -39,7 +39,7 @@ from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import render_table, section_text, summary_rows
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
-from pytest_tfmem.errors import TfmemFailure, failure_for
+from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for
 from pytest_tfmem.frameworks import Framework
 from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.garbage import Collector
@@ -61,6 +61,15 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     settings.add_options(parser, settings.CORE_OPTIONS)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    """A misspelled ``--tfmem-*`` option is named with its nearest spelling, before pytest's own
+    ``unrecognized arguments``; a misspelled ``tfmem_*`` ini key too (pytest only warns)."""
+    lines = settings.misspelled_options(args)
+    lines += settings.misspelled_ini_keys(pytest_internals.unknown_ini_keys(early_config), early_config.inipath)
+    if lines:
+        raise pytest.UsageError("\n".join(f"pytest-tfmem: {line}" for line in lines))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest configures any plugin: every reading is the chosen platform's
@@ -141,6 +150,9 @@ class TfmemManager:
         for declared in declarations:
             self.marker_keywords.update(declared.marker_keywords)
         self.measuring_markers = {settings.MARKER}.union(*(declared.measuring_markers for declared in declarations))
+        self.marker_readers = [
+            self._read_tfmem_marker, *(read for declared in declarations for read in declared.marker_readers)
+        ]
         # What one feature provides for others, registered by it when pytest is configured:
         # the peak a test is known to reach (bytes; the baseline's), to size xdist workers;
         self.known_peak: Callable[[pytest.Item], int | None] = _no_known_peak
@@ -283,10 +295,22 @@ class TfmemManager:
         backend, source = frameworks.keras_backend()
         return [*lines, f"tfmem: Keras backend {backend} ({source})"]
 
-    @pytest.hookimpl
+    @pytest.hookimpl(trylast=True)  # once the tests are selected: a deselected test's markers are not read
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Read the tfmem markers of every selected test (the core's, the features' readers); a
+        usage error names every bad one at once."""
+        bad = []
         for item in items:
-            item.stash[ARGUMENTS] = settings.marker_arguments(item, self.marker_keywords)
+            for read in self.marker_readers:
+                try:
+                    read(item)
+                except pytest.UsageError as error:
+                    bad.append(str(error))
+        if bad:
+            raise pytest.UsageError("\n".join(bad))
+
+    def _read_tfmem_marker(self, item: pytest.Item) -> None:
+        item.stash[ARGUMENTS] = settings.marker_arguments(item, self.marker_keywords)
 
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -417,7 +441,7 @@ class TfmemManager:
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, TfmemFailure):
             # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's path
-            pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines())
+            pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines(), FIGURES_HELP)
         if record is not None:
             report.sections.append(("tfmem", section_text(record)))
             for sections in added:
@@ -459,7 +483,7 @@ class TfmemManager:
             added = [v for v in after_teardown.verdicts[len(record.verdicts):] if not v.ok]
             if failed_call is not None and added:  # the test failed once: its failure names every figure
                 lines = [f"tfmem: {verdict.message}" for verdict in (*record.failed_verdicts, *added)]
-                pytest_internals.set_failure_message(failed_call, lines)
+                pytest_internals.set_failure_message(failed_call, lines, FIGURES_HELP)
             record.retained = after_teardown.retained
             record.verdicts = after_teardown.verdicts
             record.extra = after_teardown.extra

@@ -85,11 +85,12 @@ def release_fixture_values(item: pytest.Item) -> None:
         funcargs.clear()
 
 
-def set_failure_message(report: pytest.TestReport, lines: list[str]) -> None:
+def set_failure_message(report: pytest.TestReport, lines: list[str], help_line: str) -> None:
     """The message of a failure raised with ``pytrace=False`` (tfmem's checks) as the report shows
-    it: ``lines`` in the failure's block (``ReprEntry.lines`` of its one entry), and in the short
-    summary line, read from ``reprcrash.message``, the lines joined, without the exception's module
-    path that pytest puts first (its figures then fit in the first 80 columns)."""
+    it: ``lines`` and then ``help_line`` in the failure's block (``ReprEntry.lines`` of its one
+    entry), and in the short summary line, read from ``reprcrash.message``, the lines joined,
+    without the exception's module path that pytest puts first (its figures then fit in the first
+    80 columns)."""
     longrepr = report.longrepr
     crash = getattr(longrepr, "reprcrash", None)
     if crash is None:
@@ -98,4 +99,10 @@ def set_failure_message(report: pytest.TestReport, lines: list[str]) -> None:
     traceback = getattr(longrepr, "reprtraceback", None)
     entries = getattr(traceback, "reprentries", [])
     if getattr(traceback, "style", None) == "value" and len(entries) == 1:
-        entries[0].lines[:] = lines
+        entries[0].lines[:] = [*lines, help_line]
+
+
+def unknown_ini_keys(config: pytest.Config) -> set[str]:
+    """The ini file's keys (and ``-o NAME=VALUE`` overrides) that no plugin declared: what pytest
+    itself only warns about (``Unknown config option``) from ``Config._get_unknown_ini_keys``."""
+    return set(config._get_unknown_ini_keys())

@@ -94,9 +94,14 @@ class Option:
         return "tfmem_" + self.name
 
 
+# Every option a feature declared, by name: what a misspelled option or ini key is matched against.
+DECLARED: dict[str, Option] = {}
+
+
 def add_options(parser: pytest.Parser, options: list[Option]) -> None:
     group = parser.getgroup("tfmem", "memory budgets for TensorFlow/Keras tests (pytest-tfmem)")
     for option in options:
+        DECLARED[option.name] = option
         text = option.help + (PATH_HELP if option.parse is parse_path else "")
         cli_help = f"{text} [ini: {option.ini}]".replace("%", "%%")  # argparse %-formats help
         if option.flag:
@@ -109,6 +114,42 @@ def add_options(parser: pytest.Parser, options: list[Option]) -> None:
             group.addoption(option.no_cli, action="store_const", const=False, default=None, dest=option.ini,
                             help=f"turn {option.cli} off, whatever ini {option.ini} says")
         parser.addini(option.ini, help=text, default=None)
+
+
+def misspelled_options(arguments: list[str]) -> list[str]:
+    """A line for each ``--tfmem-NAME`` (or ``--no-tfmem-NAME``) among ``arguments`` that no
+    feature declared, with its nearest spelling (pytest itself says only ``unrecognized
+    arguments``)."""
+    known = {form for option in DECLARED.values() for form in (option.cli, option.no_cli) if form}
+    lines = []
+    for argument in arguments:
+        name = argument.split("=", 1)[0]
+        if name.startswith(("--tfmem-", "--no-tfmem-")) and name not in known:
+            lines.append(f"unknown option {name}{_nearest(name, known)}")
+    return lines
+
+
+def misspelled_ini_keys(unknown: set[str], inipath: Path | None) -> list[str]:
+    """A line for each ``tfmem_*`` key of the ini file (or ``-o``) that no feature declared, with
+    its nearest spelling (pytest itself only warns ``Unknown config option``, and the session
+    would run unmeasured)."""
+    known = {option.ini for option in DECLARED.values()}
+    where = f" in {inipath}" if inipath is not None else ""
+    return [f"unknown ini key {key!r}{where}{_nearest(key, known)}" for key in sorted(unknown)
+            if key.startswith("tfmem")]
+
+
+def _nearest(name: str, known: set[str]) -> str:
+    """``; did you mean --tfmem-budget?``: the closest of ``known`` by what follows the prefix they
+    share (every name starts with ``--tfmem-``, ``--no-tfmem-`` or ``tfmem_``)."""
+    import difflib
+
+    def bare(text: str) -> str:
+        return text.removeprefix("--no-tfmem-").removeprefix("--tfmem-").removeprefix("tfmem_")
+
+    by_bare = {bare(form): form for form in sorted(known) if form.startswith(name[: len(name) - len(bare(name))])}
+    close = difflib.get_close_matches(bare(name), sorted(by_bare), n=1, cutoff=0.6)
+    return f"; did you mean {by_bare[close[0]]}?" if close else " (pytest --help lists tfmem's options, under 'tfmem')"
 
 
 def read_output_option(config: pytest.Config, option: Option, kind: Output) -> Path | None:
@@ -235,9 +276,13 @@ def marker_arguments(item: pytest.Item, keywords: dict[str, Callable[[object, st
         for key, value in mark.kwargs.items():
             parse = keywords.get(key)
             if parse is None:
+                import difflib
+
                 accepted = ", ".join(sorted(keywords))
+                close = difflib.get_close_matches(key, sorted(keywords), n=1)
+                nearest = f"; did you mean {close[0]!r}?" if close else ""
                 raise pytest.UsageError(
-                    f"pytest-tfmem: {item.nodeid}: unknown tfmem marker argument {key!r}; accepted: {accepted}"
+                    f"pytest-tfmem: {item.nodeid}: unknown tfmem marker argument {key!r}{nearest} accepted: {accepted}"
                 )
             try:
                 arguments[key] = parse(value, f"tfmem marker argument {key}")

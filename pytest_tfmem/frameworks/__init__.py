@@ -131,6 +131,18 @@ def holders(frameworks: Sequence[Framework] | None = None) -> dict[str, Holder]:
     return found
 
 
+def flat_loop_advice(holder: str) -> str | None:
+    """How the loaded framework that owns ``holder`` says a loop that grows it is made flat."""
+    for framework in loaded():
+        try:
+            advice = framework.flat_loop_advice(holder)
+        except Exception:  # shutting down, or internals that moved: say nothing
+            continue
+        if advice is not None:
+            return advice
+    return None
+
+
 def named_items() -> NamedItems | None:
     """The holder with named items (TensorFlow's function library) of the first started
     framework that has one."""

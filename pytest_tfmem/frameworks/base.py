@@ -138,6 +138,11 @@ class Framework(Protocol):
         at a leak check's iterations, not at every test)."""
         ...
 
+    def flat_loop_advice(self, holder: str) -> str | None:
+        """How a loop whose ``holder`` (one of its own) grows every iteration is made flat, in a
+        sentence, where that was measured (the page is named); ``None`` otherwise."""
+        ...
+
     def clear(self) -> list[str]:
         """Free what it caches between tests; return what was done (``jax.clear_caches()``)."""
         ...

@@ -17,6 +17,7 @@ from typing import Any
 from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
 
 MODULE = "jax"
+EXECUTABLES = "JAX compiled executables"  # its holder of compiled code
 
 
 def _backends() -> dict[str, Any]:
@@ -133,12 +134,21 @@ class Jax:
         arrays = [array for backend in backends for array in backend.live_arrays()]
         code = sum(_code_size(executable) for executable in executables)
         return [
-            Holder("JAX compiled executables", len(executables), code or None),
+            Holder(EXECUTABLES, len(executables), code or None),
             Holder("live jax.Arrays", len(arrays), sum(int(array.nbytes) for array in arrays)),
         ]
 
     def named_items(self) -> NamedItems | None:
         return None  # its holders' items have no names worth following
+
+    def flat_loop_advice(self, holder: str) -> str | None:
+        if holder != EXECUTABLES:
+            return None
+        return (
+            "JAX keeps the code it compiles for each new shape; keras.backend.clear_session() does not drop it. "
+            "Flat: jax.clear_caches() after each iteration, or one model for every shape, its inputs padded "
+            "to the largest; measured in docs/scenarios.md, \"4. Models built in a loop\""
+        )
 
     def clear(self) -> list[str]:
         jax = imported(MODULE)

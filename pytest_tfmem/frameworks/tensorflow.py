@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import DeviceView, Holder, NamedItems, ProfilerBusy
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
 
 MODULE = "tensorflow"
 LIBRARY_HOLDER = "TF function library"  # its holder; the leak check also follows it by function name
@@ -203,6 +203,19 @@ class TensorFlow:
             traces={name.removeprefix(TRACE_PREFIX): count for name, count in groups.items()
                     if name.startswith(TRACE_PREFIX)},
             traces_heading="tf.function traces",
+        )
+
+    def flat_loop_advice(self, holder: str) -> str | None:
+        """The function library, under a Keras fit: what ``clear_session()`` leaves, and what is flat."""
+        tf = loaded_tensorflow()
+        if holder != LIBRARY_HOLDER or tf is None or not any(imported(name) for name in ("keras", "tf_keras")):
+            return None
+        return (
+            f"each compiled Keras fit traces functions into TensorFlow's function library (Adam's slot "
+            f"initializers among them), and on TensorFlow {getattr(tf, '__version__', '?')} "
+            "keras.backend.clear_session() does not remove them. Flat: compile(run_eagerly=True), or one "
+            "compiled model fitted in every iteration (its weights and optimizer reset); measured in "
+            "docs/leaks.md, \"Keras in a loop\""
         )
 
     def clear(self) -> list[str]:

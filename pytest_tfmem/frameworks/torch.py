@@ -128,6 +128,9 @@ class Torch:
     def named_items(self) -> NamedItems | None:
         return None  # its holders' items have no names worth following
 
+    def flat_loop_advice(self, holder: str) -> str | None:
+        return None  # nothing of PyTorch's was measured growing in a loop
+
     def clear(self) -> list[str]:
         torch = _loaded()
         if torch is None or not _cuda_initialized(torch):

@@ -59,12 +59,13 @@ _NOT_SAVED_AFTER = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR,
 
 BASELINE = settings.Option(
     "baseline",
-    "compare each test's peak with this baseline file; a test grown beyond tolerance fails",
+    "compare each test with this baseline file: its peak, GPU views' peaks and what it left behind; a test "
+    "grown beyond tolerance fails once, naming every figure that moved",
     settings.parse_path,
 )
 SAVE_BASELINE = settings.Option(
     "save_baseline",
-    "save each passed test's peak into this baseline file (merged into it if it exists; written atomically)",
+    "save each passed test's figures into this baseline file (merged into it if it exists; written atomically)",
     settings.parse_path,
 )
 BASELINE_PRUNE = settings.Option(

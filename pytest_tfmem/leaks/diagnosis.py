@@ -65,6 +65,8 @@ class LeakDiagnosis:
     retracing: tuple[Growth, ...] = ()
     holders: tuple[Growth, ...] = ()  # the frameworks' holders (JAX executables...) that grew
     traces_heading: str = _TRACES
+    # How a loop that grows the holders above is made flat, as their frameworks say (``flat_loop_advice``)
+    advice: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +86,7 @@ class LeakDiagnosis:
             retracing=growths("retracing"),
             holders=growths("holders"),
             traces_heading=data.get("traces_heading", _TRACES),
+            advice=tuple(data.get("advice", ())),
         )
 
     def rows(self, leaked: bool) -> list[tuple[str, str]]:
@@ -108,6 +111,8 @@ class LeakDiagnosis:
         if self.retracing:
             traces = ", ".join(f"{g.signed()} {g.label}" for g in self.retracing)
             rows.append((self.traces_heading, f"{traces} per iteration (new traces kept in the library)"))
+        if leaked:
+            rows += [("to make it flat", advice) for advice in self.advice]
         return rows
 
 
@@ -269,15 +274,19 @@ class GrowthTracker:
         if self._library is not None:
             first, last = self._library
             library = Growth(self._library_name, (last - first) / max(1, self._library_steps), first, last)
+        holders = _by_growth(_growth(key, value) for key, value in self._holders.growths().items())
+        grown = [growth.label for growth in (library, *holders) if growth is not None and growth.per_iteration > 0]
+        advice = [found for label in grown if (found := frameworks.flat_loop_advice(label)) is not None]
         return LeakDiagnosis(
             types=tuple(_growth(labels[name], type_growth[name][1]) for name in ranked),
             containers=tuple(_growth(container_label(alive[key]), growing[key]) for key in containers),
             function_library=library,
             keras_names=_by_growth(_growth(key, value) for key, value in self._names.growths().items()),
-            holders=_by_growth(_growth(key, value) for key, value in self._holders.growths().items()),
+            holders=holders,
             library_functions=_by_growth(_growth(name, value) for name, value in self._kinds.growths().items()),
             retracing=_by_growth(_growth(name, value) for name, value in self._traces.growths().items()),
             traces_heading=self._traces_heading or _TRACES,
+            advice=tuple(advice),
         )
 
     def _growing_containers(self) -> list[tuple[int, tuple[float, int, int]]]:

@@ -35,9 +35,6 @@ ARGUMENTS = pytest.StashKey[tuple[int, int, int]]()
 REPORT = pytest.StashKey[leaks.LeakReport]()
 
 
-TFMEM_DECLARATIONS = features.Declarations(measuring_markers=(MARKER,))
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[FIXTURE_TYPE] = LeakCheckingFixture  # ``tfmem.leak_check``, ``tfmem.assert_no_leak``
     manager(config).add_step(CallStep(Step.LEAKS, repeat_marked_body))
@@ -74,12 +71,15 @@ def leak_arguments(item: pytest.Item) -> tuple[int, int, int] | None:
         raise pytest.UsageError(f"{where}: {error}") from None
 
 
-@pytest.hookimpl
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        arguments = leak_arguments(item)
-        if arguments is not None:
-            item.stash[ARGUMENTS] = arguments
+def read_leak_marker(item: pytest.Item) -> None:
+    """Keep the test's ``tfmem_leak`` arguments on it (``TFMEM_DECLARATIONS``: the core reads the
+    markers of the selected tests)."""
+    arguments = leak_arguments(item)
+    if arguments is not None:
+        item.stash[ARGUMENTS] = arguments
+
+
+TFMEM_DECLARATIONS = features.Declarations(measuring_markers=(MARKER,), marker_readers=(read_leak_marker,))
 
 
 @contextmanager

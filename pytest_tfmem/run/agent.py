@@ -6,7 +6,7 @@ It installs one thread, then runs the script as ``python SCRIPT`` (or ``python -
 would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` as Python sets them. It is run by its
 path, not as ``-m pytest_tfmem.run.agent``: importing the package would bring pytest into the
 script's process (13 MiB and a tenth of a second here), and the script's figures would include
-them. Of pytest-tfmem it loads only ``probes/sampler.py``, the framework modules
+them. Of pytest-tfmem it loads only ``probes/sampler.py`` and ``probes/imports.py``, the framework modules
 (``frameworks/tensorflow.py``, ``jax.py``, ``torch.py``, ``base.py``) and the platform modules
 (``platforms/``, ``fork_sizes.py`` among them), which need nothing but the standard library, by
 their paths. Forks of the script write their size at the fork into a page beside READINGS
@@ -25,7 +25,9 @@ changed), or a second after the last one, is appended to READINGS as one line of
 exception, or falling off its end) a last line holds the process's high-water mark (the
 platform's: ``VmHWM`` on Linux) and the views' peaks.
 Its cost: one thread, a reading of a few microseconds ten times a second, and a line a reading
-at most (about 200 bytes).
+at most (about 200 bytes). Each first import of a module is a line too (``probes/imports.py``'s
+ledger: what the import kept), so that the summary can give the script's own figure, first
+imports apart, as the plugin gives a test's.
 """
 
 from __future__ import annotations
@@ -119,6 +121,19 @@ def _load_platforms() -> ModuleType:
     return package
 
 
+class _LevelNow:
+    """The level an import ledger reads (``probes.imports.HostLevel``), never reset: the agent
+    keeps the process's own high-water mark whole, for its last line. An import's peak is then
+    its level at its end; what it kept is exact."""
+
+    def __init__(self, current: Any) -> None:
+        self.current = current
+        self.peak = current
+
+    def reset_peak(self) -> None:
+        pass
+
+
 class Agent:
     """Reads the script's process from a thread of its own and appends readings to a file."""
 
@@ -142,13 +157,29 @@ class Agent:
         self._platform = _load_platforms().current()  # this process's size and mark
         fork_sizes = importlib.import_module(f"{_PLATFORMS_PACKAGE}.fork_sizes")
         self._fork_sizes = fork_sizes.ForkSizes(self._platform.current_size, fork_sizes.told_sizes_path(readings))
+        # What each first import kept, so that the summary gives the script's own figure beside the process's.
+        self._imports = _load_probe("imports").ImportLedger(_LevelNow(self._platform.current_size))
+        self._imports.add_listener(self)
 
     def start(self) -> Agent:
         self._write({"event": "agent", "pid": os.getpid(), "interval_s": INTERVAL_S, "time": time.time()})
         self._sampler.start()
         self._fork_sizes.tell_forks()
+        self._imports.install()
         atexit.register(self.finish)
         return self
+
+    # the import ledger's listener: each first import's booking is a line
+    def import_started(self, module: str) -> None:
+        pass
+
+    def import_finishing(self, module: str) -> None:
+        pass
+
+    def import_booked(self, booking: Any) -> None:
+        with self._lock:
+            self._write({"event": "import", "time": time.time(), "module": booking.module,
+                         "host_bytes": booking.host_bytes})
 
     def _write(self, entry: dict[str, Any]) -> None:
         os.write(self._descriptor, (json.dumps(entry) + "\n").encode())
@@ -199,6 +230,7 @@ class Agent:
     def finish(self) -> None:
         """The last line: the process's own high-water mark and the device views' peaks."""
         self._sampler.stop()
+        self._imports.uninstall()
         try:
             views = self._view_levels()
             mark = self._platform.peak_mark()  # never reset here: the process's whole life

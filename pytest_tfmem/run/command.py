@@ -304,6 +304,9 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
     before_runtime = agent.rss_when_started()
     host_data = None if host_share is None or before_runtime is None else max(0, host_share - before_runtime)
     advice = summary.advise(peak, host_data, device_peaks, agent.place_at_device_peak(), runtimes)
+    # the script's own figure: what the imports done by its peak kept is theirs, as in a test's figure
+    imports = agent.imports_by(started + peak_at)
+    own_peak = max(0, marks.get(pid, 0) - sum(kept for _, kept in imports)) if agent.pid is not None else None
     return summary.RunSummary(
         command=target.label, kind=target.kind, returncode=result.returncode, exit_code=exit_code,
         duration_s=result.elapsed_s, peak=peak, high_water_marks=marks, script_pid=pid,
@@ -312,5 +315,6 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
         gpu_peaks=gpu_peaks, budget=options.budget, kill_at=options.kill_at, gpu_budget=options.gpu_budget,
         verdicts=tuple(verdicts), death=death, place_at_peak=place_at_peak, advice=tuple(advice),
         runtimes=tuple(runtimes), gpu_environment=tuple(gpu_environment),
+        own_peak=own_peak, first_imports=tuple(imports),
         timeline=result.timeline, device_timeline=agent.device_timeline(started),
     )
