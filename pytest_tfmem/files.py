@@ -240,6 +240,19 @@ def first_line(test: Callable[[str], bool]) -> Callable[[Path], bool]:
     return recognise
 
 
+def starts_with(text: str) -> Callable[[Path], bool]:
+    """A file that begins with ``text``."""
+
+    def recognise(path: Path) -> bool:
+        try:
+            with open(path, "rb") as stream:
+                return stream.read(len(text.encode())) == text.encode()
+        except OSError:
+            return False
+
+    return recognise
+
+
 def _image(path: Path) -> bool:
     try:
         with open(path, "rb") as stream:

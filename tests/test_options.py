@@ -189,7 +189,7 @@ EMPTY_BASELINE = '{"format": "pytest-tfmem-baseline", "version": 1, "tests": {}}
 
 
 def test_the_path_options_are_found():
-    assert set(PATH_OPTIONS) == {"results", "trace_dir", "baseline", "save_baseline", "report", "markdown"}
+    assert set(PATH_OPTIONS) == {"results", "trace_dir", "baseline", "save_baseline", "report", "markdown", "history"}
 
 
 def test_every_path_option_says_how_a_relative_path_is_read(pytester: pytest.Pytester):
@@ -207,7 +207,8 @@ def _path_layout(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> 
     (ci / "in.json").write_text(EMPTY_BASELINE)
     (work / "in.json").write_text(EMPTY_BASELINE)
     values = {"baseline": "in.json", "results": "out/results.jsonl", "trace_dir": "out/traces",
-              "save_baseline": "out/saved.json", "report": "out/report.json", "markdown": "out/summary.md"}
+              "save_baseline": "out/saved.json", "report": "out/report.json", "markdown": "out/summary.md",
+              "history": "out/history.jsonl"}
     assert set(values) == set(PATH_OPTIONS)
     monkeypatch.chdir(work)
     return ci, work, values

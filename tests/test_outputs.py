@@ -21,6 +21,7 @@ WRITERS = {
     "markdown": "Markdown summary",
     "save-baseline": "baseline",
     "results": "results journal",
+    "history": "memory history",
 }
 
 
@@ -87,6 +88,7 @@ def test_the_commands_refuse_to_write_over_a_file_of_another_kind(pytester: pyte
         (["merge", "-o", "test_one.py", "report.json"], "--output"),
         (["run", "--report", "test_one.py", "script.py"], "--report"),
         (["run", "--plot", "test_one.py", "script.py"], "--plot"),
+        (["history", "history.jsonl", "--html", "test_one.py"], "--html"),
     ):
         done = tfmem(pytester.path, *command)
         assert done.returncode == 2, (command, done.stdout, done.stderr)

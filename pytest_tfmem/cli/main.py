@@ -325,6 +325,10 @@ program; SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to tfmem run are passed on to
 
 
 def run_merge(args: argparse.Namespace) -> int:
+    from pytest_tfmem.gates import history
+
+    if any(history.is_history(Path(path)) for path in args.inputs):
+        return _merge_histories(args)
     from pytest_tfmem.gates.baseline import FORMAT, save_baseline
     from pytest_tfmem.gates.merge import MergeConflict, merge_shards, read_shard
 
@@ -350,6 +354,85 @@ def run_merge(args: argparse.Namespace) -> int:
         print(f"{len(merged.conflicts)} test(s) measured differently by several inputs: --prefer={args.prefer} chose")
         for conflict in merged.conflicts[:10]:
             print(f"  {conflict.describe()}")
+    return EXIT_OK
+
+
+def _merge_histories(args: argparse.Namespace) -> int:
+    """Memory histories (each shard's, copies): folded into one, a line per commit and environment."""
+    from pytest_tfmem.files import write_text_atomic
+    from pytest_tfmem.gates import history
+
+    others = [path for path in args.inputs if not history.is_history(Path(path))]
+    if others:
+        raise CliError(f"{', '.join(others)}: not a memory history; histories merge only with histories")
+    output = _output(args.output, history.OUTPUT, "--output")
+    entries = _load(lambda _: history.read_history(*map(Path, args.inputs)), "")
+    try:
+        write_text_atomic(output, "".join(entry.to_line() for entry in entries))
+    except OSError as error:
+        raise CliError(f"cannot write {str(output)!r}: {error.strerror or error}") from None
+    sessions = sum(len(entry.sessions) for entry in entries)
+    print(f"{output}: {len(entries)} commit(s) and environment(s), {sessions} session(s), "
+          f"from {len(args.inputs)} file(s)")
+    return EXIT_OK
+
+
+# history
+
+
+def run_history(args: argparse.Namespace) -> int:
+    import fnmatch
+
+    from pytest_tfmem.files import write_text_atomic
+    from pytest_tfmem.gates import history_page
+    from pytest_tfmem.gates.history import read_history, series, series_key, series_label
+    from pytest_tfmem.gates.steps import creep, steps, threshold
+
+    page_path = _output(args.html, history_page.OUTPUT, "--html") if args.html else None
+    entries = _load(lambda _: read_history(*map(Path, args.histories)), "")
+    groups: dict[str, list[history_page.Drawn]] = {}
+    for nodeid, per_environment in sorted(series(entries, args.quantity).items()):
+        if args.test and not fnmatch.fnmatchcase(nodeid, args.test):
+            continue
+        for one in per_environment:
+            points = one.points[-args.window :] if args.window else one.points
+            drawn = history_page.Drawn(one, tuple(steps(points, args.min_step)), creep(points))
+            groups.setdefault(series_key(one.environment), []).append(drawn)
+    if not groups:
+        print(f"no {args.quantity} figures in {', '.join(args.histories)}" + (f" for {args.test}" if args.test else ""))
+    lines: list[str] = []
+    for drawn_tests in groups.values():
+        commits = {point.commit for drawn in drawn_tests for point in drawn.series.points}
+        lines.append(f"{series_label(drawn_tests[0].series.environment)}: {len(commits)} commit(s), "
+                     f"{len(drawn_tests)} test(s)")
+        quiet = 0
+        for drawn in sorted(drawn_tests, key=lambda d: -d.creep_share):
+            found = drawn.creep
+            crept = found is not None and found.change > threshold(found.best, 0.0, args.min_step)
+            if not drawn.steps and not crept:
+                quiet += 1
+                continue
+            lines.append(f"  {drawn.series.nodeid}")
+            for step in drawn.steps:
+                lines.append(f"    step {step.describe()}")
+                advice = step.bisect_advice(drawn.series.nodeid)
+                if advice:
+                    lines.append(f"      not measured between them; to find the commit: {advice}")
+            if crept and found is not None:
+                lines.append(f"    since its best: {found.describe()}")
+        lines.append(f"  {quiet} test(s) without a step or creep beyond {args.min_step}")
+    if args.markdown:
+        print(history_page.markdown(list(groups.values()), args.min_step), end="")
+    else:
+        print("\n".join(lines))
+    if page_path is not None:
+        text = history_page.page(list(groups.values()), ", ".join(args.histories), args.quantity)
+        try:
+            write_text_atomic(page_path, text)
+        except OSError as error:
+            raise CliError(f"cannot write {str(page_path)!r}: {error.strerror or error}") from None
+        charts = sum(len(drawn_tests) for drawn_tests in groups.values())
+        print(f"{page_path}: {charts} chart(s)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -451,16 +534,40 @@ COMMANDS = [
         ),
     ),
     Command(
+        "history",
+        run_history,
+        help="each test's steps and creep across commits, from a memory history (pytest --tfmem-history)",
+        description="Read memory histories (pytest --tfmem-history=PATH; several are folded as tfmem merge "
+        "does) and name, for each test in each environment, the steps of its figure (a level change larger "
+        "than the noise that holds for two commits; its first commit, or the range with git bisect "
+        "commands where commits between were not measured) and its creep (the latest level against its "
+        "best). --html draws a static page with a chart per test.",
+        arguments=(
+            argument("histories", nargs="+", metavar="HISTORY", help="memory history file"),
+            argument("--html", metavar="PAGE", help="also write a self-contained HTML page, a chart per test"),
+            argument("--markdown", action="store_true", help="print Markdown (a sparkline per test that moved)"),
+            argument("--min-step", type=_option_type(parse_tolerance, "--min-step value"),
+                     default=parse_tolerance("5%+1MB"),
+                     help="the smallest change that is a step or creep, beyond the measured noise: "
+                          f"{TOLERANCE_FORMS} (default 5%+1MB)".replace("%", "%%")),
+            argument("--window", type=_TOP, help="only the last N commits of each series (default all)"),
+            argument("--quantity", default="peak",
+                     help="the figure: peak (default), retained, or a GPU view's name (tf:GPU:0)"),
+            argument("--test", metavar="PATTERN", help="only the tests whose node id matches (fnmatch: '*test_fit*')"),
+        ),
+    ),
+    Command(
         "merge",
         run_merge,
-        help="merge the reports or baselines of a suite's shards into one baseline",
+        help="merge the reports or baselines of a suite's shards into one baseline, or memory histories into one",
         description="Write one baseline from the JSON reports (pytest --tfmem-report; their passed tests) "
         "and baselines of a suite's shards. A test two inputs measured with different figures stops the "
-        "merge (exit code 2) unless --prefer says which wins. The output is written atomically and may be "
-        "one of the inputs.",
+        "merge (exit code 2) unless --prefer says which wins. Memory histories (pytest --tfmem-history) "
+        "merge into one history instead: a line per commit and environment, shards' tests together, each "
+        "session once. The output is written atomically and may be one of the inputs.",
         arguments=(
-            argument("inputs", nargs="+", metavar="INPUT", help="JSON report or baseline file of one shard"),
-            argument("-o", "--output", required=True, metavar="BASELINE", help="the baseline file to write"),
+            argument("inputs", nargs="+", metavar="INPUT", help="JSON report, baseline or memory history file"),
+            argument("-o", "--output", required=True, metavar="OUTPUT", help="the baseline (or history) file to write"),
             argument(
                 "--prefer",
                 # gates.merge.PREFER_RULES, not imported here: it brings pytest (tests/test_run.py checks)

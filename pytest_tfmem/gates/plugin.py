@@ -21,7 +21,7 @@ from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.files import Output, write_text_atomic
-from pytest_tfmem.gates import reports
+from pytest_tfmem.gates import history_plugin, reports
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
@@ -54,8 +54,6 @@ from pytest_tfmem.gates.reports import (
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
-# A run that ended like this says nothing reliable about memory: the baseline is left alone.
-_NOT_SAVED_AFTER = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR}
 
 BASELINE = settings.Option(
     "baseline",
@@ -97,14 +95,20 @@ SAVED_BASELINE = Output("baseline", recognise=None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    settings.add_options(parser, OPTIONS)
+    settings.add_options(parser, [*OPTIONS, *history_plugin.OPTIONS])
+
+
+# A run that ended like this says nothing reliable about memory: no baseline or history is written from it.
+UNFINISHED = {pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR}
 
 
 TFMEM_DECLARATIONS = features.Declarations(marker_keywords={"tolerance": parse_tolerance})
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    gates = CiGates(config)
+    history = history_plugin.MemoryHistory(config)
+    config.pluginmanager.register(history, "tfmem-history")
+    gates = CiGates(config, history)
     config.pluginmanager.register(gates, "tfmem-gates")
     tfmem_manager = manager(config)
     tfmem_manager.known_peak = gates.known_peak
@@ -114,8 +118,9 @@ def pytest_configure(config: pytest.Config) -> None:
 class CiGates:
     """Per-session state: the loaded baseline, where to save and report, and what happened."""
 
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, history: history_plugin.MemoryHistory) -> None:
         self.config = config
+        self.history = history  # recorded, and drawn in the Markdown, at the session's end
         values = {option.name: settings.read_option(config, option)[0] for option in OPTIONS}
         # the files it writes: never over a file of another kind, a test file above all
         values.update({option.name: settings.read_output_option(config, option, kind) for option, kind in (
@@ -209,8 +214,14 @@ class CiGates:
         if self.report_path is not None:
             report = self._report(records, exitstatus)
             self._write(session, "JSON report", self.report_path, lambda path: write_report(report, path))
+        if self.history.active:
+            self.history.record(session, records, finished=exitstatus not in UNFINISHED)
+            self.outcome_lines += self.history.outcome_lines
+        if self.markdown_path is None and not self.github_summary:
+            return
         top = manager(self.config).settings.top
-        markdown = session_markdown(records, top=top, notes=self.notes(records))
+        markdown = session_markdown(records, top=top, notes=self.notes(records),
+                                    history=self.history.markdown_lines(records))
         if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
         if self.github_summary:
@@ -239,7 +250,7 @@ class CiGates:
 
     def _save_baseline(self, session: pytest.Session, records: list[TestRecord], exitstatus: int) -> None:
         assert self.save_path is not None and self.save_into is not None
-        if exitstatus in _NOT_SAVED_AFTER:
+        if exitstatus in UNFINISHED:
             how = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
             message = f"baseline not saved: the run was {how}; {self.save_path} is unchanged"
             self.outcome_lines.append((message, {"yellow": True}))

@@ -204,8 +204,11 @@ def comparison_markdown(comparisons: Sequence[Comparison], *, title: str, notes:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def session_markdown(records: Sequence[TestRecord], *, top: int, notes: Sequence[str] = ()) -> str:
-    """The step summary of a pytest session: counts, moved tests, the heaviest tests."""
+def session_markdown(
+    records: Sequence[TestRecord], *, top: int, notes: Sequence[str] = (), history: Sequence[str] = ()
+) -> str:
+    """The step summary of a pytest session: counts, moved tests, the tests that moved in the
+    memory history (``history``: its lines), the heaviest tests."""
     counts = summary_counts(records)
     comparisons = [c for record in records for c in comparisons_from_record(record)]
     moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
@@ -213,6 +216,7 @@ def session_markdown(records: Sequence[TestRecord], *, top: int, notes: Sequence
     lines += [f"> {note}" for note in notes] + ([""] if notes else [])
     if moved:
         lines += ["Beyond tolerance of the baseline:", "", *markdown_table(comparison_rows(moved)), ""]
+    lines += history
     if records:
         lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(summary_rows(records, top))]
     return "\n".join(lines).rstrip() + "\n"

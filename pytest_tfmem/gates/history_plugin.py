@@ -1,0 +1,180 @@
+"""The memory history in a pytest session: ``--tfmem-history=PATH`` records, ``--tfmem-history-gate``
+holds each test to its best level in it, and the Markdown summary draws the tests that moved.
+
+Recording costs the session one line appended at its end (nothing is read). The gate, and the
+Markdown's sparklines, read the history once, for this session's environment only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.gates.baseline import compared_quantities
+from pytest_tfmem.gates.environment import current_environment
+from pytest_tfmem.gates.history import (
+    OUTPUT,
+    Commit,
+    HistoryError,
+    Series,
+    append_entry,
+    current_commit,
+    read_history,
+    series,
+    series_key,
+    session_entry,
+)
+from pytest_tfmem.gates.history_page import sparkline
+from pytest_tfmem.gates.steps import Point, creep, short, steps, threshold
+from pytest_tfmem.gates.tolerance import TOLERANCE_FORMS, Tolerance, parse_tolerance
+from pytest_tfmem.units import format_size
+
+HISTORY = settings.Option(
+    "history",
+    "append this session's figures (each passed test's peak, retained and GPU views) to this memory "
+    "history: one line per session, keyed by its git commit and environment; `tfmem history PATH` "
+    "names the steps and the creep",
+    settings.parse_path,
+)
+HISTORY_GATE = settings.Option(
+    "history_gate",
+    "fail a test whose peak exceeds its best level in --tfmem-history by more than TOL "
+    f"({TOLERANCE_FORMS}); off by default",
+    parse_tolerance,
+)
+HISTORY_WINDOW = settings.Option(
+    "history_window",
+    "how many of the history's commits the gate and the Markdown summary look back over (default 50)",
+    settings.parse_positive_int,
+    50,
+)
+OPTIONS = [HISTORY, HISTORY_GATE, HISTORY_WINDOW]
+CHECK = "history"
+# A test moved, in the Markdown's history rows, when its figure now is this far from the level
+# before (beyond the environment's noise too): the steps' own threshold (``tfmem history --min-step``).
+MIN_STEP = parse_tolerance("5%+1MB")
+SPARK_POINTS = 20
+# Lines read back per commit of the window: a commit measured by several shards, or again, has more.
+LINES_PER_COMMIT = 4
+
+
+class MemoryHistory:
+    """The session's history: where it is recorded, the gate, and what the Markdown draws."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.path = settings.read_output_option(config, HISTORY, OUTPUT)
+        self.gate: Tolerance | None = settings.read_option(config, HISTORY_GATE)[0]
+        self.window: int = settings.read_option(config, HISTORY_WINDOW)[0]
+        if self.gate is not None and self.path is None:
+            raise pytest.UsageError(f"pytest-tfmem: {HISTORY_GATE.cli} needs {HISTORY.cli}=PATH: the history to "
+                                    "hold the tests to")
+        self.commit: Commit | None = None
+        if self.path is not None:
+            try:
+                self.commit = current_commit(config.rootpath)
+            except HistoryError as error:
+                raise pytest.UsageError(f"pytest-tfmem: {HISTORY.cli}: {error}") from None
+        self.outcome_lines: list[tuple[str, dict[str, bool]]] = []
+
+    @property
+    def active(self) -> bool:
+        return self.path is not None
+
+    @functools.cached_property
+    def past(self) -> dict[str, Series]:
+        """Each test's series in this session's environment, as the file holds it (read once)."""
+        if self.path is None or not self.path.exists():
+            return {}
+        try:  # the window's commits only (a commit may have a line for each shard): the file's length costs nothing
+            entries = read_history(self.path, last=self.window * LINES_PER_COMMIT)
+        except HistoryError as error:
+            raise pytest.UsageError(f"pytest-tfmem: {error}") from None
+        here = series_key(current_environment())
+        found: dict[str, Series] = {}
+        for nodeid, per_environment in series(entries).items():
+            for one in per_environment:
+                if series_key(one.environment) == here:
+                    found[nodeid] = Series(nodeid, one.environment, one.points[-self.window :])
+        return found
+
+    def pytest_tfmem_measure_all(self) -> bool:
+        return self.active
+
+    @pytest.hookimpl
+    def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
+        """``--tfmem-history-gate``: the test's peak against its best level in the history."""
+        if self.gate is None or record.measurement is None:
+            return None
+        past = self.past.get(record.nodeid)
+        if past is None:
+            return None
+        assert self.commit is not None
+        points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
+        found = creep(points)
+        if found is None:
+            return None
+        allowance = self.gate.allowance(int(found.best))
+        message = (
+            f"peak {format_size(record.measurement.peak)} vs its best level in the memory history, "
+            f"{format_size(int(found.best))} at {short(found.best_commit)} {found.commits} commit(s) ago "
+            f"({found.share or 0:+.1%}, {'>' if found.change > allowance else '<='} {self.gate})"
+        )
+        if found.rises:
+            rises = ", ".join(f"{short(commit)} (+{share:.1%})" for commit, _, share in found.rises[:3])
+            message += f": it rose most at {rises}"
+        return Verdict(CHECK, found.change <= allowance, message)
+
+    def record(self, session: pytest.Session, records: list[TestRecord], *, finished: bool) -> None:
+        """Append this session's line: each passed test's figures (a failing run says little);
+        nothing for a run that did not finish."""
+        assert self.path is not None and self.commit is not None
+        if not finished:
+            self.outcome_lines.append((f"history: nothing added to {self.path}: the run did not finish",
+                                       {"yellow": True}))
+            return
+        figures = {}
+        for record in records:
+            if record.measurement is None or record.outcome != "passed":
+                continue
+            quantities = compared_quantities(record.measurement)
+            retained = record.retained.bytes if record.retained is not None else None
+            figures[record.nodeid] = (quantities.pop("peak"), retained, quantities)
+        entry = session_entry(self.commit, current_environment(), processes.session(self.config).id, figures)
+        try:
+            append_entry(self.path, entry)
+        except (OSError, HistoryError) as error:
+            self.outcome_lines.append((f"could not add to the memory history {self.path}: {error}", {"red": True}))
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
+        dirty = " (uncommitted changes)" if self.commit.dirty else ""
+        self.outcome_lines.append((f"history: {len(figures)} test(s) of commit {short(self.commit.commit)}{dirty} "
+                                   f"added to {self.path}", {}))
+
+    def markdown_lines(self, records: list[TestRecord]) -> list[str]:
+        """Rows for the Markdown summary: each test whose figure now moved from its level before, or
+        crept beyond the steps' threshold since its best, drawn over its last commits."""
+        if self.path is None or self.commit is None:
+            return []
+        rows = []
+        for record in records:
+            past = self.past.get(record.nodeid)
+            if record.measurement is None or past is None:
+                continue
+            points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
+            found = creep(points)
+            moved = found is not None and found.change > threshold(found.best, 0.0, MIN_STEP)
+            if not moved and not steps(points[-3:], MIN_STEP):
+                continue
+            drawn = sparkline([point.value for point in points[-SPARK_POINTS:]])
+            since = found.describe() if found is not None else ""
+            rows.append(f"| `{record.nodeid}` | {drawn} | {format_size(record.measurement.peak)} | {since} |")
+        if not rows:
+            return []
+        return ["Memory history: tests that moved (their last commits, this one last):", "",
+                "| test | history | now | since its best |", "|---|---|---:|---|", *rows, ""]

@@ -1,0 +1,242 @@
+"""Steps and creep in one test's figures across commits: pure functions over a series.
+
+A series is the test's figure at each measured commit, oldest first, in one environment (figures
+of another Python, framework, platform or device are another series). A commit measured more than
+once has several samples; its point is their median, and their spread is the environment's
+measured noise.
+
+- A **step** is a change of level between two consecutive points that is larger than the noise
+  (``threshold``) and holds: the next point stays at the new level. A point that leaves the level
+  and comes back at the next one is a **blip**, not a step. The step is named by its first commit;
+  where commits between it and the point before were not measured (the point's parent is not the
+  commit before it), by the range, for ``git bisect``.
+- **Creep** is the latest level against the best (lowest) level of the window, whatever the steps:
+  ten commits that each add 4% are no step, and the figure still needs 48% more.
+
+asv's ``step_detect`` fits a piecewise-constant function with a penalty; here the series are short
+and the noise is measured, so a step is a jump between neighbours that the next point confirms and
+that stands out of the changes around it, which a slow ramp's never does.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pytest_tfmem.gates.tolerance import Tolerance
+from pytest_tfmem.units import format_size
+
+# A change smaller than this many times the noise (the spread of repeated samples) is noise.
+NOISE_FACTOR = 4.0
+# A jump is a step only where it is this many times the changes around it (``_trend``): on a ramp
+# every commit moves by as much (and across a commit nobody measured, by twice as much), and none
+# of them is a step.
+STEP_OVER_SLOPE = 3.0
+TREND_POINTS = 3  # the changes on each side of a jump that give its trend
+# The median absolute deviation, scaled to estimate a normal distribution's standard deviation.
+_MAD_SCALE = 1.4826
+
+
+@dataclass(frozen=True)
+class Point:
+    """One commit's figure: the median of its samples (bytes)."""
+
+    commit: str
+    parent: str | None
+    samples: tuple[int, ...]
+    date: str = ""  # the commit's date (ISO 8601), for people
+
+    @functools.cached_property  # read at every comparison
+    def value(self) -> float:
+        return float(self.samples[0]) if len(self.samples) == 1 else float(statistics.median(self.samples))
+
+    @property
+    def spread(self) -> float | None:
+        """The samples' standard deviation, estimated robustly; ``None`` for a single sample."""
+        if len(self.samples) < 2:
+            return None
+        middle = statistics.median(self.samples)
+        return _MAD_SCALE * statistics.median(abs(sample - middle) for sample in self.samples) or (
+            (max(self.samples) - min(self.samples)) / 2
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """A level change: from ``before`` to ``after`` (bytes, each the median of its level), first
+    seen at ``commit``; ``since`` is the last commit of the old level where commits between the two
+    were not measured (then the change lies in ``since..commit``)."""
+
+    commit: str
+    before: float
+    after: float
+    since: str | None = None
+    index: int = 0  # the point of the series where the new level begins
+
+    @property
+    def change(self) -> float:
+        return self.after - self.before
+
+    @property
+    def change_share(self) -> float | None:
+        return None if self.before <= 0 else self.change / self.before
+
+    @property
+    def is_range(self) -> bool:
+        return self.since is not None
+
+    def describe(self) -> str:
+        """``+120.0 MiB (+60.0%) at 4e1c2a7: 200.0 MiB -> 320.0 MiB``; a range as ``a1b2c3d..4e1c2a7``."""
+        where = f"{short(self.since)}..{short(self.commit)}" if self.since else short(self.commit)
+        share = self.change_share
+        percent = "" if share is None else f" ({share:+.1%})"
+        return (
+            f"{format_size(int(self.change), signed=True)}{percent} at {where}: "
+            f"{format_size(int(self.before))} -> {format_size(int(self.after))}"
+        )
+
+    def bisect_advice(self, nodeid: str) -> str | None:
+        """``git bisect`` commands that find the commit of a step seen across a range: each commit
+        is judged by the test's figure against the level halfway between the two."""
+        if self.since is None:
+            return None
+        budget = format_size(int((self.before + self.after) / 2)).replace(" ", "")
+        return (
+            f"git bisect start {short(self.commit)} {short(self.since)} && "
+            f"git bisect run pytest -q -p no:cacheprovider {nodeid} --tfmem-budget={budget}"
+        )
+
+
+@dataclass(frozen=True)
+class Creep:
+    """The latest level against the best (lowest) level of the window."""
+
+    best: float
+    best_commit: str
+    latest: float
+    latest_commit: str
+    commits: int  # measured commits from the best level's first to the latest
+    # the rises between consecutive points since the best level: (commit, bytes, share of the
+    # point before), largest share first
+    rises: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
+
+    @property
+    def change(self) -> float:
+        return self.latest - self.best
+
+    @property
+    def share(self) -> float | None:
+        return None if self.best <= 0 else self.change / self.best
+
+    def describe(self) -> str:
+        """``+62.0% over 14 commits (200.0 MiB at 1a2b3c4 -> 324.0 MiB), no single rise above 8.0%
+        (at 5e6f7a8)``."""
+        share = self.share
+        amount = f"{share:+.1%}" if share is not None else format_size(int(self.change), signed=True)
+        steps = f", no single rise above {self.rises[0][2]:.1%} (at {short(self.rises[0][0])})" if self.rises else ""
+        return (
+            f"{amount} over {self.commits} commits ({format_size(int(self.best))} at {short(self.best_commit)} -> "
+            f"{format_size(int(self.latest))} at {short(self.latest_commit)}){steps}"
+        )
+
+
+def short(commit: str | None) -> str:
+    return (commit or "?")[:7]
+
+
+def noise(points: Sequence[Point]) -> float:
+    """The environment's measured spread (bytes): the median spread of the commits sampled more
+    than once; where none was, estimated from the differences between neighbours (robustly: a step
+    or two among them does not move it)."""
+    spreads = [spread for point in points if (spread := point.spread) is not None]
+    if spreads:
+        return float(statistics.median(spreads))
+    values = [point.value for point in points]
+    differences = [b - a for a, b in zip(values, values[1:])]
+    if len(differences) < 2:
+        return 0.0
+    middle = statistics.median(differences)
+    return _MAD_SCALE * float(statistics.median(abs(d - middle) for d in differences)) / 2**0.5
+
+
+def threshold(level: float, spread: float, min_step: Tolerance) -> float:
+    """The smallest change that counts at ``level``: ``NOISE_FACTOR`` times the noise, and at
+    least ``min_step`` of the level (``5%+1MB``)."""
+    return max(NOISE_FACTOR * spread, min_step.allowance(int(level)))
+
+
+def steps(points: Sequence[Point], min_step: Tolerance) -> list[Step]:
+    """The level changes that hold for at least two points (see the module docstring)."""
+    if len(points) < 3:
+        return []
+    spread = noise(points)
+    found: list[Step] = []
+    level_start = 0  # first point of the current level
+    previous = 0  # the last point that was not a blip
+    index = 1
+    while index < len(points):
+        value, before = points[index].value, points[previous].value
+        limit = threshold(before, spread, min_step)
+        if abs(value - before) <= limit:
+            previous = index
+            index += 1
+            continue
+        following = points[index + 1].value if index + 1 < len(points) else None
+        if following is None:
+            break  # the last point left the level: a step needs the next one to hold it
+        if abs(following - before) <= limit:
+            index += 1  # a blip: the next point is back at the level
+            continue
+        if abs(following - value) > threshold(value, spread, min_step) or (
+            abs(value - before) < STEP_OVER_SLOPE * _trend(points, previous, index)
+        ):
+            previous = index  # no new level: the figure keeps moving (a ramp), not a step
+            index += 1
+            continue
+        old_level = _level(points, level_start, previous)
+        since = points[previous].commit if points[index].parent not in (None, points[previous].commit) else None
+        found.append(Step(points[index].commit, old_level, 0.0, since, index))
+        level_start = previous = index
+        index += 1
+    # each step's new level: the median of its points up to the next step
+    ends = [step.index for step in found[1:]] + [len(points)]
+    return [
+        Step(step.commit, step.before, _level(points, step.index, end - 1), step.since, step.index)
+        for step, end in zip(found, ends)
+    ]
+
+
+def _trend(points: Sequence[Point], before: int, after: int) -> float:
+    """The median size of the changes between neighbours around a jump from ``before`` to
+    ``after`` (up to ``TREND_POINTS`` on each side, the jump itself left out)."""
+    values = [point.value for point in points]
+    changes = [abs(values[i + 1] - values[i]) for i in range(max(0, before - TREND_POINTS), before)]
+    changes += [abs(values[i + 1] - values[i]) for i in range(after, min(len(values) - 1, after + TREND_POINTS))]
+    return float(statistics.median(changes)) if changes else 0.0
+
+
+def _level(points: Sequence[Point], first: int, last: int) -> float:
+    return float(statistics.median(point.value for point in points[first : last + 1]))
+
+
+def creep(points: Sequence[Point], window: int | None = None) -> Creep | None:
+    """The latest point against the lowest of the last ``window`` points (all of them without one);
+    ``None`` for fewer than two points."""
+    shown = list(points[-window:]) if window else list(points)
+    if len(shown) < 2:
+        return None
+    best_index = min(range(len(shown)), key=lambda i: (shown[i].value, -i))
+    since = shown[best_index:]
+    rises = [(b.commit, b.value - a.value, (b.value - a.value) / a.value if a.value > 0 else 0.0)
+             for a, b in zip(since, since[1:]) if b.value > a.value]
+    rises.sort(key=lambda rise: -rise[2])
+    return Creep(
+        best=shown[best_index].value,
+        best_commit=shown[best_index].commit,
+        latest=shown[-1].value,
+        latest_commit=shown[-1].commit,
+        commits=len(shown) - 1 - best_index,
+        rises=tuple(rises),
+    )

@@ -1,0 +1,348 @@
+"""The memory history: steps and creep on synthetic series first, then real pytest sessions in a
+real git repository over many commits (a step at a known commit, a slow ramp, a blip that reverts,
+a flat run with noise), merging, the gate, the Markdown, and the page in a headless browser."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_tfmem.gates import history
+from pytest_tfmem.gates.history_page import sparkline
+from pytest_tfmem.gates.steps import Point, creep, steps
+from pytest_tfmem.gates.tolerance import parse_tolerance
+
+MIB = 2**20
+MIN_STEP = parse_tolerance("5%+1MB")
+
+
+def points(values: list[float], gap_before: int | None = None) -> list[Point]:
+    """A series of one sample per commit ``c000``, ``c001``...; ``gap_before``: the commits
+    before that point were not measured (its parent is another commit)."""
+    return [
+        Point(f"c{i:03d}", "unmeasured" if i == gap_before else (f"c{i - 1:03d}" if i else None), (int(value),))
+        for i, value in enumerate(values)
+    ]
+
+
+def test_a_step_is_named_by_its_first_commit_with_the_levels_around_it():
+    found = steps(points([200 * MIB] * 8 + [320 * MIB] * 8), MIN_STEP)
+    assert [(step.commit, step.before, step.after) for step in found] == [("c008", 200 * MIB, 320 * MIB)]
+    assert found[0].describe() == "+120.0 MiB (+60.0%) at c008: 200.0 MiB -> 320.0 MiB"
+    assert found[0].bisect_advice("t.py::test_x") is None  # its parent was measured: nothing to bisect
+
+
+def test_a_step_across_unmeasured_commits_is_a_range_with_bisect_advice():
+    found = steps(points([200 * MIB] * 8 + [320 * MIB] * 8, gap_before=8), MIN_STEP)
+    assert (found[0].since, found[0].commit) == ("c007", "c008")
+    assert found[0].describe().startswith("+120.0 MiB (+60.0%) at c007..c008:")
+    assert found[0].bisect_advice("t.py::test_x") == (
+        "git bisect start c008 c007 && git bisect run pytest -q -p no:cacheprovider t.py::test_x --tfmem-budget=260.0MiB"
+    )
+
+
+def test_a_blip_that_reverts_and_noise_within_the_spread_are_no_steps():
+    rng = random.Random(7)
+    assert steps(points([200 * MIB] * 8 + [400 * MIB] + [200 * MIB] * 8), MIN_STEP) == []
+    noisy = [200 * MIB * (1 + rng.uniform(-0.02, 0.02)) for _ in range(40)]
+    assert steps(points(noisy), MIN_STEP) == []
+    # a step under the same noise is found, at its commit
+    stepped = noisy[:20] + [value * 1.3 for value in noisy[20:]]
+    assert [step.commit for step in steps(points(stepped), MIN_STEP)] == ["c020"]
+
+
+def test_a_slow_ramp_is_creep_not_steps():
+    ramp = [200 * MIB * 1.035**i for i in range(15)]
+    assert steps(points(ramp), MIN_STEP) == []
+    found = creep(points(ramp))
+    assert found is not None and (found.best_commit, found.latest_commit, found.commits) == ("c000", "c014", 14)
+    assert found.describe() == (
+        "+61.9% over 14 commits (200.0 MiB at c000 -> 323.7 MiB at c014), no single rise above 3.5% (at c002)"
+    )
+
+
+def test_the_noise_of_a_commit_measured_twice_sets_the_threshold():
+    wide = [Point(f"c{i:03d}", None, (int(200 * MIB), int(230 * MIB))) for i in range(6)]
+    wide += [Point(f"c{i:03d}", None, (int(236 * MIB), int(266 * MIB))) for i in range(6, 12)]
+    assert steps(wide, MIN_STEP) == []  # +36 MiB against samples 30 MiB apart: noise
+    tight = [Point(p.commit, None, (p.samples[0], p.samples[0] + MIB)) for p in wide]
+    assert [step.commit for step in steps(tight, MIN_STEP)] == ["c006"]
+
+
+def test_a_sparkline_runs_from_the_lowest_to_the_highest():
+    assert sparkline([1, 1, 2, 8]) == "▁▁▂█"
+    assert sparkline([5, 5]) == "▁▁"
+
+
+# Real sessions in a real repository
+
+
+SUITE = """
+import numpy as np
+
+def hold(megabytes):
+    block = np.ones(int(megabytes * 2**20) // 8)
+    block += 1
+
+def test_step():
+    hold({step})
+
+def test_ramp():
+    hold({ramp})
+
+def test_blip():
+    hold({blip})
+
+def test_flat():
+    hold({flat})
+"""
+STEP_AT, BLIP_AT, COMMITS = 6, 4, 12
+
+
+class Repository:
+    """A git repository whose every commit changes what the suite's tests allocate."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.commits: list[str] = []
+        self.git("init", "-q")
+        self.git("config", "user.email", "ci@example.com")
+        self.git("config", "user.name", "CI")
+
+    def git(self, *args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=self.folder, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    def commit(self, number: int, rng: random.Random) -> str:
+        sizes = {
+            "step": 40 if number < STEP_AT else 80,
+            "ramp": 30 * 1.04**number,
+            "blip": 90 if number == BLIP_AT else 45,
+            "flat": 50 + rng.uniform(0, 0.5),
+        }
+        (self.folder / "test_suite.py").write_text(SUITE.format(**sizes))
+        self.git("add", "test_suite.py")
+        self.git("commit", "-qm", f"commit {number}")
+        self.commits.append(self.git("rev-parse", "HEAD"))
+        return self.commits[-1]
+
+    def session(self, *args: str, history: str = "history.jsonl") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--tfmem-history={history}", *args],
+            cwd=self.folder, capture_output=True, text=True, timeout=300,
+        )
+
+
+def tfmem(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", *args], cwd=folder, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Repository:
+    """Twelve commits with a session each, except the one after the step, measured only by the
+    next commit's session (a range); the commit before the step measured twice."""
+    repository = Repository(tmp_path_factory.mktemp("repository"))
+    rng = random.Random(3)
+    for number in range(COMMITS):
+        repository.commit(number, rng)
+        if number == STEP_AT:
+            continue  # not measured: the step is seen across STEP_AT - 1 .. STEP_AT + 1
+        done = repository.session()
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"history: 4 test(s) of commit {repository.commits[-1][:7]} added to" in done.stdout
+        if number == STEP_AT - 1:
+            assert repository.session().returncode == 0  # the same commit again: a second sample
+    return repository
+
+
+def test_a_session_appends_one_line_keyed_by_its_commit_and_environment(repository: Repository):
+    lines = (repository.folder / "history.jsonl").read_text().splitlines()
+    assert len(lines) == COMMITS  # one session a commit, one commit skipped, one measured twice
+    first = json.loads(lines[0])
+    assert first["format"] == "pytest-tfmem-history" and first["version"] == 1
+    assert (first["commit"], first["parent"], first["branch"]) == (repository.commits[0], None, repository.git(
+        "rev-parse", "--abbrev-ref", "HEAD"))
+    assert json.loads(lines[1])["parent"] == repository.commits[0]
+    assert first["environment"]["memory"] == "RSS" and "python" in first["environment"]
+    assert sorted(first["tests"]) == [f"test_suite.py::test_{name}" for name in ("blip", "flat", "ramp", "step")]
+    session, peak, retained = first["tests"]["test_suite.py::test_step"][0]
+    assert session == 0 and 39 * MIB < peak < 42 * MIB and retained is not None
+
+
+def test_tfmem_history_names_the_step_its_range_and_the_creep_and_nothing_else(repository: Repository):
+    done = tfmem(repository.folder, "history", "history.jsonl")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    step = out.split("test_suite.py::test_step\n", 1)[1].splitlines()[0]
+    before, after = repository.commits[STEP_AT - 1][:7], repository.commits[STEP_AT + 1][:7]
+    found = re.match(rf"    step \+(4\d\.\d) MiB \(\+(\d+\.\d)%\) at {before}\.\.{after}: (\S+) MiB -> (\S+) MiB$", step)
+    assert found, step
+    assert float(found[3]) == pytest.approx(40, abs=0.5) and float(found[4]) == pytest.approx(80, abs=0.5)
+    assert float(found[2]) == pytest.approx(100, abs=2)
+    assert re.search(rf"      not measured between them; to find the commit: git bisect start {after} {before} && "
+                     r"git bisect run pytest -q -p no:cacheprovider test_suite.py::test_step --tfmem-budget=(59|60)\.\dMiB",
+                     out), out
+    ramp = out.split("test_suite.py::test_ramp\n", 1)[1].splitlines()[0]
+    found = re.match(r"    since its best: \+(\d+\.\d)% over 10 commits \((\S+) MiB at ", ramp)
+    assert found, ramp
+    assert float(found[1]) == pytest.approx(100 * (1.04**11 - 1), abs=2) and float(found[2]) == pytest.approx(30, abs=0.5)
+    assert "no single rise above" in ramp
+    assert "test_blip" not in out and "test_flat" not in out  # a blip, and noise, are no steps
+    assert "  2 test(s) without a step or creep beyond 5%+1MB" in out
+
+
+def test_the_same_commit_measured_again_is_a_second_sample_not_a_second_entry(repository: Repository):
+    entries = history.read_history(repository.folder / "history.jsonl")
+    assert len(entries) == COMMITS - 1  # one entry a commit measured
+    twice = next(entry for entry in entries if entry.commit == repository.commits[STEP_AT - 1])
+    assert len(twice.sessions) == 2 and len(twice.tests["test_suite.py::test_step"]) == 2
+
+
+def test_merge_folds_shards_into_one_entry_and_merging_again_changes_nothing(repository: Repository, tmp_path: Path):
+    shards = tmp_path / "shards"
+    shutil.copytree(repository.folder, shards, ignore=shutil.ignore_patterns("*.jsonl", ".tfmem"))
+    shard = Repository.__new__(Repository)
+    shard.folder, shard.commits = shards, []
+    for name, selection in (("one.jsonl", "step or ramp"), ("two.jsonl", "blip or flat")):
+        assert shard.session("-k", selection, history=name).returncode == 0
+    merged = tfmem(shards, "merge", "-o", "merged.jsonl", "one.jsonl", "two.jsonl")
+    assert merged.returncode == 0, merged.stderr
+    entries = history.read_history(shards / "merged.jsonl")
+    assert len(entries) == 1 and len(entries[0].sessions) == 2 and len(entries[0].tests) == 4
+    again = tfmem(shards, "merge", "-o", "merged.jsonl", "merged.jsonl", "one.jsonl", "merged.jsonl")
+    assert again.returncode == 0, again.stderr
+    assert history.read_history(shards / "merged.jsonl") == entries  # idempotent: each session once
+    refused = tfmem(shards, "merge", "-o", "merged.jsonl", "one.jsonl", "test_suite.py")
+    assert refused.returncode == 2 and "test_suite.py: not a memory history" in refused.stderr
+
+
+def copy_of_the_history(repository: Repository, name: str) -> str:
+    """A copy of the repository's history, for a session whose own line must not reach the others'."""
+    shutil.copy(repository.folder / "history.jsonl", repository.folder / name)
+    return name
+
+
+def test_the_gate_fails_a_test_past_its_best_level_naming_the_commits_that_added_to_it(repository: Repository):
+    done = repository.session("--tfmem-history-gate=20%", "-k", "ramp or step or flat",
+                              history=copy_of_the_history(repository, "gate.jsonl"))
+    assert done.returncode == 1, done.stdout
+    line = next(line for line in done.stdout.splitlines() if line.startswith("FAILED test_suite.py::test_ramp"))
+    assert "tfmem: peak 4" in line
+    block = done.stdout.split("_ test_ramp _", 1)[1]
+    best = repository.commits[0][:7]
+    assert re.search(rf"vs its best level in the memory history, (29|30)\.\d MiB at {best} 11 commit\(s\) ago "
+                     r"\(\+5\d\.\d%, > 20%\): it rose most at \w{7} \(\+\d\.\d%\)", block), block
+    assert "FAILED test_suite.py::test_step" in done.stdout  # 80 MiB against its best, 40 MiB
+    assert "FAILED test_suite.py::test_flat" not in done.stdout  # within 20% of its best
+
+
+def test_the_markdown_draws_the_tests_that_moved(repository: Repository):
+    summary = repository.folder / "summary.md"
+    done = repository.session("--tfmem-markdown=summary.md", history=copy_of_the_history(repository, "drawn.jsonl"))
+    assert done.returncode == 0, done.stdout
+    text = summary.read_text()
+    assert "Memory history: tests that moved (their last commits, this one last):" in text
+    rows = [line for line in text.splitlines() if line.startswith("| `test_suite.py::")]
+    assert {row.split("`")[1] for row in rows if "since its best" not in row} >= {"test_suite.py::test_step",
+                                                                                  "test_suite.py::test_ramp"}
+    assert "test_flat" not in text.split("Memory history")[1].split("Heaviest")[0]
+    markdown = tfmem(repository.folder, "history", "history.jsonl", "--markdown")
+    assert "| `test_suite.py::test_step` | " in markdown.stdout and "▁" in markdown.stdout
+
+
+def test_a_corrupt_or_newer_line_is_named_with_its_file_and_line(tmp_path: Path):
+    path = tmp_path / "history.jsonl"
+    good = history.session_entry(history.Commit("a" * 40, None, "main", "2026-12-01T00:00:00+00:00", False),
+                                 {"python": "3.11"}, "s1", {"t.py::test_x": (MIB, None, {})}).to_line()
+    path.write_text(good + '{"format": "pytest-tfmem-history", "version": 2, "commit": "b"}\n')
+    done = tfmem(tmp_path, "history", "history.jsonl")
+    assert done.returncode == 2
+    assert "line 2: history format version 2 is not supported (this pytest-tfmem reads version 1; the line was " \
+           "written by a newer pytest-tfmem: upgrade to read it)" in done.stderr
+    path.write_text(good + good[: len(good) // 2])  # a session killed while it appended
+    done = tfmem(tmp_path, "history", "history.jsonl")
+    assert done.returncode == 2 and "line 2: not valid JSON" in done.stderr and "(cut short:" in done.stderr
+    history.append_entry(path, history.session_entry(
+        history.Commit("c" * 40, None, None, "2026-12-02T00:00:00+00:00", False), {"python": "3.11"}, "s2",
+        {"t.py::test_x": (2 * MIB, None, {})}))
+    lines = path.read_text().splitlines()
+    assert lines[0] == good.strip() and json.loads(lines[2])["commit"] == "c" * 40  # the cut line kept, not joined
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    with pytest.raises(history.HistoryError, match="is not a pytest-tfmem history; it was left unchanged"):
+        history.append_entry(notes, history.session_entry(
+            history.Commit("c" * 40, None, None, "", False), {}, "s3", {}))
+    assert notes.read_text() == "mine\n"
+
+
+def test_outside_a_git_checkout_the_history_is_a_usage_error(pytester: pytest.Pytester):
+    pytester.makepyfile("def test_ok():\n    pass\n")
+    result = pytester.runpytest("--tfmem-history=history.jsonl")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: pytest-tfmem: --tfmem-history: history file *: not in a git checkout*"])
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_the_page_holds_each_series_and_draws_the_step_at_its_commit(repository: Repository, tmp_path: Path):
+    page = tmp_path / "history.html"
+    done = tfmem(repository.folder, "history", "history.jsonl", "--html", str(page))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    assert "<script" not in text and "http" not in text.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    sections = text.count('<section class="test"')
+    assert sections == 4
+    assert text.index('data-test="test_suite.py::test_step"') < text.index('data-test="test_suite.py::test_flat"')
+    for commit in repository.commits[:STEP_AT] + repository.commits[STEP_AT + 1 :]:
+        assert f'data-commit="{commit}"' in text  # a point at every measured commit
+    assert f'<line class="step" data-commit="{repository.commits[STEP_AT + 1]}"' in text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (apt-get install chromium)")
+def test_the_page_renders_in_a_headless_browser_with_the_step_at_its_commit(repository: Repository, tmp_path: Path):
+    """Chromium draws the page: the step's red line stands where the step's commit's point is."""
+    from PIL import Image
+
+    page = tmp_path / "history.html"
+    assert tfmem(repository.folder, "history", "history.jsonl", "--html", str(page),
+                 "--test", "*test_step").returncode == 0
+    shot = tmp_path / "shot.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--screenshot={shot}", "--window-size=800,400", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    image = Image.open(shot).convert("RGB")
+    width, height = image.size
+    pixels = image.load()
+    red = {x for x in range(width) for y in range(height) if pixels[x, y][0] > 180 and pixels[x, y][1] < 90}
+    blue = {x for x in range(width) for y in range(height) if pixels[x, y][2] > 150 and pixels[x, y][0] < 90}
+    assert blue and red, "no chart drawn"
+    from pytest_tfmem.gates.history_page import MARGIN, WIDTH
+
+    first_point = min(blue) + 3  # the leftmost blue: the first point's circle, of radius 3
+    measured = [c for c in repository.commits if c != repository.commits[STEP_AT]]
+    index = measured.index(repository.commits[STEP_AT + 1])
+    expected = first_point + index * (WIDTH - 2 * MARGIN) / (len(measured) - 1)
+    assert min(abs(x - expected) for x in red) <= 3, (sorted(red)[:5], expected)
+
+
+@pytest.mark.parametrize("block", [7, 64, 2**20])
+def test_the_gate_reads_only_the_last_lines_of_a_long_history(tmp_path: Path, block: int):
+    path = tmp_path / "history.jsonl"
+    for number in range(10):
+        commit = history.Commit(f"{number:040x}", None, None, f"2026-12-01T00:00:{number:02d}+00:00", False)
+        history.append_entry(path, history.session_entry(commit, {"python": "3.11"}, f"s{number}",
+                                                         {"t.py::test_x": ((number + 1) * MIB, None, {})}))
+    with open(path, "rb") as stream:
+        start = history._start_of_last_lines(stream, 3, block=block)
+    assert path.read_bytes()[start:].count(b"\n") == 3
+    assert [entry.commit for entry in history.read_history(path, last=3)] == [f"{n:040x}" for n in (7, 8, 9)]
+    assert len(history.read_history(path, last=50)) == 10
