@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
+
 ACCEPTED = "*expected a non-negative number of bytes or a number with a unit*MiB*"
 
 

@@ -19,6 +19,8 @@ from pytest_tfmem.gates.history_page import sparkline
 from pytest_tfmem.gates.steps import Point, creep, steps
 from pytest_tfmem.gates.tolerance import parse_tolerance
 
+pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
+
 MIB = 2**20
 MIN_STEP = parse_tolerance("5%+1MB")
 

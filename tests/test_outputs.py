@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
+
 TESTS = """
 def test_one():
     assert sum(range(10)) == 45

@@ -26,10 +26,11 @@ import pytest
 
 from pytest_tfmem import platforms
 from pytest_tfmem.core.measure import PeakTracker
-from pytest_tfmem.platforms import locks, macos, windows
-from pytest_tfmem.platforms.linux import Linux
+from pytest_tfmem.platforms import locks, windows
 from pytest_tfmem.platforms.portable import Portable
 from pytest_tfmem.probes import host
+
+pytestmark = pytest.mark.any_os
 
 MIB = 2**20
 SIMULATED = Path(__file__).parent / "simulated"
@@ -43,6 +44,12 @@ HOLD_MEMORY = (
 
 
 # -- macOS: libproc's proc_pid_rusage, as xnu fills it
+
+
+@pytest.fixture
+def macos():
+    """The macOS module (POSIX: it builds on the POSIX one, whose names Windows lacks)."""
+    return pytest.importorskip("pytest_tfmem.platforms.macos", reason="the macOS module builds on POSIX")
 
 
 class FakeLibproc:
@@ -93,7 +100,7 @@ class FakeLibproc:
         return len(children)
 
 
-def test_rusage_info_v4_is_laid_out_as_xnu_declares_it():
+def test_rusage_info_v4_is_laid_out_as_xnu_declares_it(macos):
     info = macos.RusageInfoV4
     assert ctypes.sizeof(info) == 296
     offsets = {name: getattr(info, name).offset for name in (
@@ -103,7 +110,7 @@ def test_rusage_info_v4_is_laid_out_as_xnu_declares_it():
                        "ri_lifetime_max_phys_footprint": 240, "ri_interval_max_phys_footprint": 280}
 
 
-def test_macos_peaks_are_the_footprint_interval_mark_reset_at_each_window():
+def test_macos_peaks_are_the_footprint_interval_mark_reset_at_each_window(macos):
     libproc = FakeLibproc()
     me = os.getpid()
     libproc.set(me, 100 * MIB)
@@ -120,7 +127,7 @@ def test_macos_peaks_are_the_footprint_interval_mark_reset_at_each_window():
     assert platform.describe().startswith("exact peaks from the footprint's interval mark")
 
 
-def test_without_the_reset_a_macos_window_is_exact_only_when_it_raised_the_lifetime_mark():
+def test_without_the_reset_a_macos_window_is_exact_only_when_it_raised_the_lifetime_mark(macos):
     libproc = FakeLibproc(resettable=False)
     me = os.getpid()
     libproc.set(me, 100 * MIB)
@@ -142,7 +149,7 @@ def test_without_the_reset_a_macos_window_is_exact_only_when_it_raised_the_lifet
     assert [missing.feature for missing in platform.missing()][0] == "a resettable peak"
 
 
-def test_macos_children_are_listed_by_libproc_and_read_by_their_own_marks():
+def test_macos_children_are_listed_by_libproc_and_read_by_their_own_marks(macos):
     libproc = FakeLibproc()
     me = os.getpid()
     libproc.set(me, 100 * MIB)
@@ -312,8 +319,14 @@ def holding_child():
     child.wait()
 
 
-@pytest.mark.parametrize("platform", [Portable(), Linux()], ids=["portable", "Linux"])
-def test_a_child_is_listed_read_and_killed(platform, holding_child):
+@pytest.mark.parametrize("name", ["portable", pytest.param("Linux", marks=pytest.mark.linux)])
+def test_a_child_is_listed_read_and_killed(name, holding_child):
+    if name == "Linux":
+        from pytest_tfmem.platforms.linux import Linux
+
+        platform = Linux()
+    else:
+        platform = Portable()
     assert holding_child.pid in platform.process_table().descendants(os.getpid())
     size, mark = platform.memory_of(holding_child.pid)
     assert 100 * MIB <= size <= mark < 200 * MIB
@@ -363,6 +376,7 @@ def test_a_process_dies_with_its_parent_without_prctl():
 # -- choosing the platform
 
 
+@pytest.mark.linux
 def test_tfmem_platform_chooses_the_portable_platform_and_refuses_others():
     def chosen(value: str) -> subprocess.CompletedProcess[str]:
         code = "from pytest_tfmem import platforms; print(platforms.current().name)"
@@ -425,6 +439,7 @@ def test_a_portable_session_says_how_each_figure_was_read(pytester: pytest.Pytes
     assert "memory RSS" in shown.stdout and "peaks sampled" in shown.stdout
 
 
+@pytest.mark.linux
 def test_a_linux_session_says_its_figures_are_exact(pytester: pytest.Pytester):
     pytester.makepyfile(test_any=TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", "-rA")
@@ -436,6 +451,7 @@ def test_a_linux_session_says_its_figures_are_exact(pytester: pytest.Pytester):
     assert "tfmem: not on Linux" not in result.stdout.str()
 
 
+@pytest.mark.linux
 def test_a_baseline_that_counts_something_else_is_not_compared(pytester: pytest.Pytester):
     pytester.makepyfile(test_any=TESTS)
     baseline = pytester.path / "baseline.json"
@@ -471,6 +487,7 @@ def simulated(name: str, **variables: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **variables}
 
 
+@pytest.mark.linux
 def test_installed_on_windows_an_unused_plugin_changes_nothing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     from test_inert import PLAIN_TESTS, comparable
 
@@ -503,6 +520,7 @@ def test_keeps_three():
 
 
 @pytest.mark.slow
+@pytest.mark.linux  # Python as Windows has it is simulated on Linux's
 def test_on_windows_every_feature_works_or_says_why_not(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """Budgets, isolation (spawned), the session limit's replacement processes (a channel over the
     loopback interface), the journal (msvcrt's lock) and ``tfmem last``: no fork, no SIGKILL, no fcntl."""
@@ -524,6 +542,7 @@ def test_on_windows_every_feature_works_or_says_why_not(pytester: pytest.Pyteste
     assert last.returncode == 0 and "3 passed" in last.stdout
 
 
+@pytest.mark.linux
 def test_without_proc_a_session_measures_through_psutil(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     pytester.makepyfile(test_budget=TESTS)
     for name, value in simulated("no_proc", TFMEM_PLATFORM="portable").items():

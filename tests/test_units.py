@@ -2,6 +2,8 @@ import pytest
 
 from pytest_tfmem.units import format_size, parse_size
 
+pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),
