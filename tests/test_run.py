@@ -119,10 +119,11 @@ def test_a_script_exits_3_with_its_peak_report_plot_and_journal(tmp_path: Path):
     assert ", reached in load_shards (grow.py:" in summary[1]  # at np.ones or time.sleep: both in the loop
     # the script's own figure beside the process's: what its first imports kept (numpy's) is theirs
     own, imports = report["own_peak"], dict(report["first_imports"])
-    assert "numpy" in imports and report["peak"] - own == sum(imports.values())
-    assert 200 * MiB <= own <= 200 * MiB + 20 * MiB
-    assert summary[2] == (f"  the script's own: {own / MiB:.1f} MiB, its first imports apart "
-                          f"({first_imports_text(tuple(map(tuple, report['first_imports'])))}), as pytest-tfmem gives a test's")
+    assert "numpy" in imports and 0 < report["peak"] - own - sum(imports.values()) < 40 * MiB  # the interpreter
+    assert 200 * MiB <= own <= 200 * MiB + 4 * MiB  # its shards
+    assert summary[2] == (f"  the script's own: {own / MiB:.1f} MiB above the interpreter's start, its first imports "
+                          f"apart ({first_imports_text(tuple(map(tuple, report['first_imports'])))}), as pytest-tfmem "
+                          "gives a test's")
     last = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "last"], cwd=tmp_path,
                           capture_output=True, text=True)
     assert last.returncode == 0, last.stdout

@@ -171,10 +171,10 @@ class ImportLedger:
 
     def _begin(self, module: str) -> _Span | None:
         """Open the span of ``module``'s import, unless one is open already (another thread's)."""
-        with self._lock:
+        with self._lock:  # the level is read once the span is open: reading it may import (psutil's)
             if self._open is not None:
                 return None
-            span = self._open = _Span(module, self.host.current(), time.perf_counter())
+            span = self._open = _Span(module, 0, time.perf_counter())
         try:
             for listener in list(self._listeners):
                 listener.import_started(module)

@@ -162,7 +162,8 @@ class Agent:
         self._imports.add_listener(self)
 
     def start(self) -> Agent:
-        self._write({"event": "agent", "pid": os.getpid(), "interval_s": INTERVAL_S, "time": time.time()})
+        self._write({"event": "agent", "pid": os.getpid(), "interval_s": INTERVAL_S, "time": time.time(),
+                     "rss": self._platform.current_size()})  # the script's level before its first line
         self._sampler.start()
         self._fork_sizes.tell_forks()
         self._imports.install()

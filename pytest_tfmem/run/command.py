@@ -306,7 +306,9 @@ def summarise(target: Target, options: RunOptions, result: WatchResult, pid: int
     advice = summary.advise(peak, host_data, device_peaks, agent.place_at_device_peak(), runtimes)
     # the script's own figure: what the imports done by its peak kept is theirs, as in a test's figure
     imports = agent.imports_by(started + peak_at)
-    own_peak = max(0, marks.get(pid, 0) - sum(kept for _, kept in imports)) if agent.pid is not None else None
+    own_peak = None
+    if agent.pid is not None:
+        own_peak = max(0, marks.get(pid, 0) - agent.start_rss - sum(kept for _, kept in imports))
     return summary.RunSummary(
         command=target.label, kind=target.kind, returncode=result.returncode, exit_code=exit_code,
         duration_s=result.elapsed_s, peak=peak, high_water_marks=marks, script_pid=pid,

@@ -69,6 +69,7 @@ class AgentView:
     exited: bool = False  # its last line was written (the interpreter ran its exit handlers)
     # (time.time() at its end, module, bytes it kept) of each first import in the script's process
     imports: tuple[tuple[float, str, int], ...] = ()
+    start_rss: int = 0  # the script's process before its first line (the interpreter)
 
     @classmethod
     def read(cls, path: Path) -> AgentView:
@@ -77,7 +78,7 @@ class AgentView:
             lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
         except OSError:
             return cls()
-        pid, readings, mark, exited, imports = None, [], None, False, []
+        pid, readings, mark, exited, imports, start_rss = None, [], None, False, [], 0
         for line in lines:
             try:
                 entry = json.loads(line)
@@ -87,6 +88,7 @@ class AgentView:
                 continue  # a line cut short or garbled: the summary makes do without it
             if entry.get("event") == "agent":
                 pid = entry.get("pid")
+                start_rss = entry["rss"] if isinstance(entry.get("rss"), int) else 0
             elif entry.get("event") == "reading":
                 readings.append(entry)
             elif entry.get("event") == "exit":
@@ -94,7 +96,7 @@ class AgentView:
                 readings.append({**entry, "event": "reading", "stack": [], "calling": None, "final": True})
             elif entry.get("event") == "import" and isinstance(entry.get("host_bytes"), int):
                 imports.append((float(entry["time"]), str(entry.get("module")), int(entry["host_bytes"])))
-        return cls(pid, tuple(readings), mark, exited, tuple(imports))
+        return cls(pid, tuple(readings), mark, exited, tuple(imports), start_rss)
 
     def imports_by(self, moment: float) -> list[tuple[str, int]]:
         """The first imports ended at or before ``moment`` (time.time()), and what each kept."""
@@ -214,8 +216,9 @@ class RunSummary:
     device_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     runtimes: tuple[str, ...] = ()  # the frameworks whose runtime the script started
     gpu_environment: tuple[str, ...] = ()  # "XLA_PYTHON_CLIENT_PREALLOCATE=false": set for the script
-    # the script's own figure: its process's peak less what first imports kept before it (``None``
-    # for a command without the agent), and those imports, largest first
+    # the script's own figure: its process's peak above its size before the script's first line,
+    # less what first imports kept before the peak (``None`` for a command without the agent), and
+    # those imports
     own_peak: int | None = None
     first_imports: tuple[tuple[str, int], ...] = ()
 
@@ -235,8 +238,8 @@ class RunSummary:
         every = f"{self.interval_s * 1000:.0f} ms"
         lines.append(f"  peak {format_size(self.peak)} ({platforms.current().marks_named}{split}){where}")
         if self.own_peak is not None and self.first_imports:
-            lines.append(f"  the script's own: {format_size(self.own_peak)}, its first imports apart ("
-                         f"{first_imports_text(self.first_imports)}), as pytest-tfmem gives a test's")
+            lines.append(f"  the script's own: {format_size(self.own_peak)} above the interpreter's start, its first "
+                         f"imports apart ({first_imports_text(self.first_imports)}), as pytest-tfmem gives a test's")
         lines.append(f"  process tree RSS sampled every {every}: peak {format_size(self.sampled_peak)}, "
                      f"last {format_size(self.timeline[-1][1] if self.timeline else 0)}")
         if self.device_peaks:
