@@ -58,7 +58,7 @@ def test_the_watchdog_kills_at_kill_at_and_the_session_goes_on(
     result.stdout.fnmatch_lines(
         [
             "*tfmem: killed at kill_at 190.7 MiB: the isolated test's process tree reached * MiB after * s",
-            "process tree RSS: last * MiB, peak * MiB (sampled); the child's own peak * MiB (kernel high-water mark); after * s",
+            "process tree RSS: last * MiB, peak * MiB (sampled); the child's own peak * MiB (from the kernel's high-water marks); after * s",
             "timeline: *s * MiB, *",
             "available memory * of * (*)",
             "FAILED *::test_allocates_past_kill_at*",
@@ -110,7 +110,7 @@ def test_deaths_by_signal_fail_their_test_with_the_signal_and_readings(
     result.stdout.fnmatch_lines(
         [
             "*tfmem: the isolated test's process was killed by SIGKILL (not sent by pytest-tfmem): *OOM killer*",
-            "process tree RSS: last *, peak * MiB (sampled); the child's own peak * MiB (kernel high-water mark); after * s",
+            "process tree RSS: last *, peak * MiB (sampled); the child's own peak * MiB (from the kernel's high-water marks); after * s",
         ]
     )
     result.stdout.fnmatch_lines(

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.subsession import output_excerpt
 from pytest_tfmem.core.summary import section_text
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.isolate.results import sampled_measurement
@@ -209,3 +210,31 @@ def test_a_test_whose_process_died_before_any_figure_gets_a_section_of_its_verdi
     record = TestRecord("test_x.py::test_dies", measurement, verdicts=[Verdict("killed", False, message)])
     record.notes.append("a note")
     assert section_text(record) == f"{message}\na note"
+
+
+CRASH_WITH_THREADS = """
+import ctypes, faulthandler, sys, threading, time
+faulthandler.enable(file=sys.stdout)
+def wait_a_while():
+    time.sleep(60)
+for _ in range(4):
+    threading.Thread(target=wait_a_while, daemon=True).start()
+time.sleep(0.2)
+def crash_here():
+    ctypes.string_at(0)
+crash_here()
+"""
+
+
+@pytest.mark.linux  # Python's fault report reads "Fatal Python error" where a signal reports the crash
+def test_a_crash_excerpt_starts_with_the_failing_threads_frames(tmp_path: Path):
+    output = tmp_path / "output.log"
+    with output.open("w") as file:
+        died = subprocess.run([sys.executable, "-c", CRASH_WITH_THREADS], stdout=file, stderr=subprocess.STDOUT)
+    assert died.returncode < 0
+    report = output.read_text()
+    assert report.index("Current thread") > report.index("Thread 0x")  # the report lists it last
+    excerpt = output_excerpt(output, 8).splitlines()
+    assert excerpt[0] == "Fatal Python error: Segmentation fault"
+    assert excerpt[2].startswith("Current thread ") and "in crash_here" in "\n".join(excerpt)
+    assert len(excerpt) == 8  # then the other threads' frames, as far as the excerpt goes

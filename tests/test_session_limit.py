@@ -344,6 +344,7 @@ def test_spawned_replacements_are_fresh_interpreters(tmp_path: Path):
                "--tfmem-isolate-start=spawn")  # fmt: skip
     assert run.returncode == 0, run.stdout
     run.lines.fnmatch_lines(["1 replacement process(es) started (fresh interpreters), ready in * s on average*"])
+    assert "warnings summary" not in run.stdout  # what starting pytest there warned of, the session met itself
     session, replacement = (pid for pid, _ in _by_process(run.notes()))
     assert [note["parent"] for note in run.notes() if note["pid"] == replacement] == [session] * 6
 

@@ -45,7 +45,8 @@ def die_with_parent(parent_pid: int) -> None:
 
 def output_excerpt(path: Path, lines: int) -> str:
     """The process's last output lines; from a crash, the start of Python's fault report
-    (``Fatal Python error``: the failing thread's innermost frames come first)."""
+    (``Fatal Python error``), the failing thread's frames first (the report lists the current
+    thread after every other: with a few threads, the first lines would hold only theirs)."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except OSError:
@@ -53,5 +54,11 @@ def output_excerpt(path: Path, lines: int) -> str:
     fatal = next((i for i, line in enumerate(text) if "Fatal Python error" in line), None)
     if fatal is None:
         return "\n".join(text[-lines:])
-    text[fatal] = text[fatal][text[fatal].index("Fatal Python error") :]
-    return "\n".join(text[fatal : fatal + lines])
+    report = text[fatal:]
+    report[0] = report[0][report[0].index("Fatal Python error") :]
+    current = next((i for i, line in enumerate(report) if line.startswith("Current thread ")), None)
+    if current is not None:
+        end = next((i for i in range(current + 1, len(report)) if not report[i].startswith("  ")), len(report))
+        first_thread = next(i for i, line in enumerate(report) if line.startswith(("Thread ", "Current thread ")))
+        report = [*report[:first_thread], *report[current:end], "", *report[first_thread:current], *report[end:]]
+    return "\n".join(report[:lines])

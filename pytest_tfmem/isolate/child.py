@@ -120,7 +120,8 @@ class TestEvents:
             self.write({"event": "report", "report": data})
 
     def pytest_warning_recorded(self, warning_message: Any, when: str, nodeid: str, location: object) -> None:
-        if nodeid != self.nodeid:
+        # the test's own; those of configuring and collecting, the session met itself
+        if when != "runtest" or nodeid != self.nodeid:
             return
         category = warning_message.category
         self.write(
