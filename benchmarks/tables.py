@@ -25,7 +25,7 @@ ORDER_TOLERANCE = 0.10
 OVERHEAD_TARGET = 0.03
 LEAK_SIZES_MB = (0.25, 0.5, 1, 2)
 # How each leak contender's verdict reads; any other failure is an error, not a detection.
-LEAK_VERDICTS = {"tfmem-leak": "LeakDetected", "memray-leaks": "allowed to leak", "object-count": "new objects by type"}
+LEAK_VERDICTS = {"tfmem-leak": "tfmem: leak:", "memray-leaks": "allowed to leak", "object-count": "new objects by type"}
 NOT_A_PEAK = "n/a: reports no memory figure"
 
 OVERHEAD_WORKLOADS = (

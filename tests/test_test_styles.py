@@ -100,9 +100,9 @@ def test_every_style_is_measured_and_held_to_the_budget(run_subprocess_records, 
     assert records["test_marker_raises_the_budget"].budget == 400 * MB
     assert records["test_marker_exempts"].budget is None
     result.stdout.fnmatch_lines([
-        "FAILED test_styles.py::PlainCase::test_set_up_counts - pytest_tfmem.*",
-        "FAILED test_styles.py::TensorFlowCase::test_over - pytest_tfmem.*",
-        "FAILED test_styles.py::ParameterizedCase::test_sizes1 - pytest_tfmem.*",
+        "FAILED test_styles.py::PlainCase::test_set_up_counts - tfmem: *",
+        "FAILED test_styles.py::TensorFlowCase::test_over - tfmem: *",
+        "FAILED test_styles.py::ParameterizedCase::test_sizes1 - tfmem: *",
     ])
     assert "not measured" not in result.stdout.str()
 
@@ -168,7 +168,7 @@ def test_markers_work_on_testcase_methods(run_subprocess_records, pytester: pyte
     explained = records["test_explained"].extra["explain"]
     assert explained["how"] == "rerun"
     assert explained["largest"]["contents"].startswith("block = np.ones(150 * MIB")
-    result.stdout.fnmatch_lines(["FAILED test_markers.py::MarkedCase::test_leaks - pytest_tfmem.*"])
+    result.stdout.fnmatch_lines(["FAILED test_markers.py::MarkedCase::test_leaks - tfmem: *"])
 
 
 NOT_MEASURED = '''

@@ -422,13 +422,9 @@ class Monitor:
         self, readings: tuple[ViewReading, ...], mixed: MixedReading | None, children: ChildrenReading | None = None
     ) -> Measurement:
         host_source = probes().host.source
-        method = self._host_method()
-        notes = []
-        if method == SAMPLED:
-            notes.append(f"host peak sampled every {host.SAMPLE_INTERVAL_S * 1000:g} ms: "
-                         f"{host_source.platform.name} keeps no mark this window could use")  # type: ignore[attr-defined]
+        notes = []  # how the host figure was obtained is the section's basis line (core/summary.py)
         measurement = Measurement(
-            readings, time.perf_counter() - self._t0, method, getattr(host_source, "counts", "RSS"), (),
+            readings, time.perf_counter() - self._t0, self._host_method(), getattr(host_source, "counts", "RSS"), (),
             mixed.peak if mixed is not None else None, mixed.interval_s if mixed is not None else None,
             children=children,
         )
