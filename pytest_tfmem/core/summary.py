@@ -192,9 +192,12 @@ def combined_basis(children: ChildrenReading) -> str:
             "exact marks of processes that ran at once, added: an upper bound; their sizes read every "
             f"{children.interval_s * 1000:g} ms added up to {format_size(children.sampled_sum)} at most: a lower bound"
         )
+    if children.combined_basis == "sampled together":
+        return f"their sizes read every {children.interval_s * 1000:g} ms, added up at most"
+    marks = "high-water mark" if all(figure.exact for figure in children.processes) else "peak as read"
     if len(children.processes) == 1:
-        return "its high-water mark"
-    return "the largest high-water mark: they ran one at a time"
+        return f"its {marks}"
+    return f"the largest {marks}: they ran one at a time"
 
 
 def describe_child(figure: ChildFigure) -> str:

@@ -160,8 +160,8 @@ class Platform(Protocol):
         ...
 
     def processes_started(self) -> bytes:
-        """A token that changes when any process starts anywhere (Linux: the last pid handed out);
-        empty where the platform tells none (then listings are refreshed by time)."""
+        """A token that changes when any process starts anywhere (Linux: the last pid handed out;
+        elsewhere the machine's process ids, hashed): the descendants are listed again when it does."""
         ...
 
     def kill(self, pid: int) -> None:

@@ -20,8 +20,6 @@ from .base import RSS, SAMPLED, Ending, ForkReaper, MemoryLimit, Missing, OomKil
 from .locks import directory_lock
 
 _PARENT_POLL_S = 0.5
-# How long ``has_children``'s answer stands: asking lists every process of the machine.
-CHILDREN_ASKED_EVERY_S = 0.05
 
 
 def psutil() -> Any:
@@ -72,7 +70,7 @@ class Portable:
 
     def __init__(self) -> None:
         self._me: tuple[int, Any] = (0, None)
-        self._children_asked = (float("-inf"), False)
+        self._children_asked: tuple[bytes, bool] = (b"", False)  # (the machine's processes then, the answer)
 
     def _own_process(self) -> Any:
         pid, process = self._me
@@ -123,17 +121,21 @@ class Portable:
             return None
 
     def has_children(self) -> bool:
+        """Asked again only when the machine's processes changed: asking builds every process's
+        parent (milliseconds), the list of ids is a tenth of that."""
+        processes = self.processes_started()
         asked, answer = self._children_asked
-        if time.monotonic() - asked >= CHILDREN_ASKED_EVERY_S:
+        if processes != asked:
             try:
                 answer = bool(self._own_process().children())
             except psutil().Error:
                 answer = False
-            self._children_asked = (time.monotonic(), answer)
+            self._children_asked = (processes, answer)
         return answer
 
     def processes_started(self) -> bytes:
-        return b""
+        """The machine's process ids, hashed: a process started (or ended) anywhere changes it."""
+        return b"%x" % hash(frozenset(psutil().pids()))
 
     def wait_with_peak(self, pid: int, options: int) -> tuple[int, int, int]:
         raise OSError(f"the {self.name} platform's wait tells no peak")

@@ -72,7 +72,7 @@ class ChildrenReading:
 
     processes: tuple[ChildFigure, ...]
     combined: int
-    combined_basis: str  # "one at a time", "marks summed" (an upper bound)
+    combined_basis: str  # "one at a time", "marks summed" (an upper bound), "sampled together"
     sampled_sum: int  # highest sum of their resident sizes at one reading (a lower bound)
     interval_s: float = INTERVAL_S
 
@@ -243,7 +243,8 @@ class ChildWatch:
         oom = system.oom_kills_since(window.oom_before) if window.oom_read else None
         alive = self._tree.running
         figures = [self._figure(pid, pid in alive, oom) for pid in sorted(pids)]
-        combined, basis = _combined(figures, [self._tree.processes.get(pid) for pid in sorted(pids)])
+        marks = [self._tree.processes.get(pid) for pid in sorted(pids)]
+        combined, basis = _combined(figures, marks, window.sampled_sum)
         return ChildrenReading(tuple(figures), combined, basis, window.sampled_sum)
 
     def _figure(self, pid: int, running: bool, oom: system.OomKillCount | None) -> ChildFigure:
@@ -319,8 +320,12 @@ def _exact_peak(mark: ProcessMark | None, reaped: _Reaped | None) -> int | None:
     return None
 
 
-def _combined(figures: list[ChildFigure], marks: list[ProcessMark | None]) -> tuple[int, str]:
-    """The processes' combined figure: the largest sum of the peaks of processes alive together."""
+def _combined(
+    figures: list[ChildFigure], marks: list[ProcessMark | None], sampled_sum: int = 0
+) -> tuple[int, str]:
+    """The processes' combined figure: the largest sum of the peaks of processes alive together,
+    never below what their sizes read at once added up to (``sampled_sum``: a process never read,
+    or spans seen apart, can hide an overlap the readings saw)."""
     never_read = (float("inf"), float("inf"))  # ended before its first reading: alone, as far as known
     spans = [
         ((mark.first_seen, mark.last_seen) if mark is not None else never_read) + (figure.peak,)
@@ -332,6 +337,8 @@ def _combined(figures: list[ChildFigure], marks: list[ProcessMark | None]) -> tu
         overlapped |= len(together) > 1
         best = max(best, sum(together))
     best = max(best, max((figure.peak for figure in figures), default=0))
+    if sampled_sum > best:
+        return sampled_sum, "sampled together"
     return best, "marks summed" if overlapped else "one at a time"
 
 
