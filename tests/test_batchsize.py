@@ -61,6 +61,7 @@ def assert_trial_peaks_are_exact(report: BatchSizeReport) -> None:
             assert abs(trial.peak - trial.batch_size * MiB) <= MiB, (trial, str(report))
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 @pytest.mark.parametrize(
     ("budget_mib", "low", "high", "resolution"),
     [(37.5, 1, 128, 1), (150.5, 4, 512, 4)],
@@ -94,6 +95,7 @@ def test_trials_are_isolated_so_a_pooling_allocator_cannot_distort_later_trials(
     assert_trial_peaks_are_exact(report)
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_setup_runs_in_each_trial_outside_the_measurement():
     report = find_max_batch_size(one_mib_per_sample, 20.5 * MiB, low=1, high=32, setup=hold_50_mib)
     assert abs(report.batch_size - 20) <= 1, str(report)

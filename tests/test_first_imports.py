@@ -60,6 +60,7 @@ def test_c_in_a_measure_block(tfmem):
 """
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_a_first_import_is_left_out_of_the_peak_budget_and_blocks(pytester: pytest.Pytester):
     pytester.makepyfile(heavy=HEAVY_MODULE, heavy_too=HEAVY_MODULE, test_heavy=HEAVY_TESTS)
     common = ("-p", "no:cacheprovider", "--tfmem-budget=50MB", "-rA")

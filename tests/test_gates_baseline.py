@@ -25,6 +25,7 @@ def baseline(pytester: pytest.Pytester):
     return path
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_test_grown_by_half_fails_with_the_numbers_and_the_others_pass(pytester, baseline):
     write_suite(pytester, {**SUITE, "grow": 120})
     result = run(pytester, f"--tfmem-baseline={baseline.name}", "--tfmem-tolerance=10%")
@@ -41,6 +42,7 @@ def test_test_grown_by_half_fails_with_the_numbers_and_the_others_pass(pytester,
     result.stdout.fnmatch_lines(["*1 regression beyond tolerance*", "test_suite.py::test_grow *peak*regression"])
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_growth_within_tolerance_passes(pytester, baseline):
     write_suite(pytester, {**SUITE, "grow": 84})  # +5%
     result = run(pytester, f"--tfmem-baseline={baseline.name}", "--tfmem-tolerance=10%")
@@ -57,6 +59,7 @@ def test_test_missing_from_the_baseline_passes_with_a_note(pytester, baseline):
     )
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_improvement_beyond_tolerance_passes_and_is_reported(pytester, baseline):
     write_suite(pytester, {**SUITE, "grow": 40})
     result = run(pytester, f"--tfmem-baseline={baseline.name}", "--tfmem-tolerance=10%")
@@ -70,6 +73,7 @@ def test_improvement_beyond_tolerance_passes_and_is_reported(pytester, baseline)
     )
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_size_part_of_the_tolerance_keeps_tiny_tests_from_failing_on_noise(pytester):
     write_suite(pytester, {"tiny": 1, "big": 80})
     run(pytester, "--tfmem-save-baseline=b.json").assert_outcomes(passed=2)
@@ -214,6 +218,7 @@ def test_a_baseline_that_cannot_be_written_fails_the_session(pytester):
     result.stdout.fnmatch_lines(["tfmem: could not write the baseline to *no-such-folder/b.json: *"])
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_ini_values_work_like_the_options(pytester, baseline):
     pytester.makeini(f"[pytest]\ntfmem_baseline = {baseline.name}\ntfmem_tolerance = 10%\n")
     write_suite(pytester, {**SUITE, "grow": 120})

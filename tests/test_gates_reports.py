@@ -65,6 +65,7 @@ def parallel(tmp_path_factory: pytest.TempPathFactory) -> GateRun:
     return gate_run(tmp_path_factory.mktemp("xdist"), "-n", "2")
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_json_report_follows_the_documented_schema(serial):
     report = serial.report
     assert serial.returncode == report["exitstatus"] == pytest.ExitCode.TESTS_FAILED
@@ -103,6 +104,7 @@ def test_junit_xml_has_each_tests_peak_properties(serial):
     assert int(budget.get("value")) == 10 * MB
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_xdist_gives_one_report_with_every_test_and_the_same_verdicts(serial, parallel):
     assert "2 workers" in parallel.output
     assert outcomes(parallel.report) == outcomes(serial.report) == {

@@ -62,6 +62,7 @@ def _notes(pytester: pytest.Pytester) -> list[dict]:
     return [json.loads(line) for line in (pytester.path / "processes.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.linux  # forks of the template
 def test_isolated_tests_run_in_forks_of_one_template(pytester: pytest.Pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_who=WHO_RUNS_ME)
@@ -110,6 +111,7 @@ def test_a_bad_start_method_is_a_usage_error(pytester: pytest.Pytester, args: li
     result.stderr.fnmatch_lines([message])
 
 
+@pytest.mark.linux  # forks of the template
 @pytest.mark.slow  # TensorFlow starts in the session, in the template and in each child
 def test_a_template_whose_tensorflow_runtime_started_falls_back_to_spawn(pytester: pytest.Pytester):
     pytester.makeconftest(
@@ -141,6 +143,7 @@ def test_a_template_whose_tensorflow_runtime_started_falls_back_to_spawn(pyteste
     )
 
 
+@pytest.mark.linux  # forks of the template
 def test_a_template_that_fails_to_start_falls_back_to_spawn_and_shows_its_output(pytester: pytest.Pytester):
     pytester.makeconftest(
         """
@@ -172,6 +175,7 @@ def test_a_template_that_fails_to_start_falls_back_to_spawn_and_shows_its_output
     )
 
 
+@pytest.mark.linux  # forks of the template
 @pytest.mark.slow  # TensorFlow starts in the session, in the template and in each test's fork
 def test_tests_that_start_tensorflow_on_import_get_a_template_of_a_fresh_interpreter(pytester: pytest.Pytester):
     """Collecting this module starts TensorFlow's runtime in the session, so forking the session

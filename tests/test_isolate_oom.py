@@ -115,6 +115,7 @@ def _pytest(pytester: pytest.Pytester, cgroup: MemoryCgroup, *args: str) -> pyte
     )
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 @pytest.mark.slow
 def test_the_oom_killer_kills_an_isolated_test_and_the_session_goes_on(
     pytester: pytest.Pytester, memory_cgroup: MemoryCgroup
@@ -138,6 +139,7 @@ def test_the_oom_killer_kills_an_isolated_test_and_the_session_goes_on(
     assert runaway["tree_peak_sampled"] >= 0.5 * LIMIT  # the readings saw it grow towards the limit
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 @pytest.mark.slow
 def test_isolate_auto_explains_the_test_that_killed_the_last_session(
     pytester: pytest.Pytester, memory_cgroup: MemoryCgroup

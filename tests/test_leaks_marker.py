@@ -36,6 +36,7 @@ def test_marker_flat_with_defaults(store):
 """
 
 
+@pytest.mark.linux  # malloc_trim hands freed heap back before each reading
 def test_the_marker_repeats_the_body_without_rerunning_fixtures_and_reports_like_the_fixture(pytester: pytest.Pytester):
     pytester.makepyfile(test_marked=MARKED_TESTS)
     reprec = pytester.inline_run("-p", "no:cacheprovider", "--tfmem-trace=off")

@@ -107,6 +107,7 @@ def orders(mixed_file: Path) -> dict[str, dict[str, float]]:
     }
 
 
+@pytest.mark.linux  # malloc_trim hands freed heap back before each reading
 @pytest.mark.slow
 def test_each_figure_alone_after_heavier_tests_and_under_xdist(mixed_file: Path) -> None:
     """Both measured tests in one test: pytest-xdist could send two to different workers, and each

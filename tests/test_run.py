@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from cgroup_helpers import memory_cgroup, oom_kills
 
+from pytest_tfmem import platforms
 from pytest_tfmem.cli.main import main
 from pytest_tfmem.run.summary import Place, advise, first_imports_text
 
@@ -115,7 +116,7 @@ def test_a_script_exits_3_with_its_peak_report_plot_and_journal(tmp_path: Path):
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = done.stderr.splitlines()
     assert summary[0].startswith("tfmem run: grow.py 20 3: exit code 3 after ")
-    assert summary[1].startswith(f"  peak {report['peak'] / MiB:.1f} MiB (the kernel's high-water marks: main process")
+    assert summary[1].startswith(f"  peak {report['peak'] / MiB:.1f} MiB ({platforms.current().marks_named}: main process")
     assert ", reached in load_shards (grow.py:" in summary[1]  # at np.ones or time.sleep: both in the loop
     # the script's own figure beside the process's: what its first imports kept (numpy's) is theirs
     own, imports = report["own_peak"], dict(report["first_imports"])
@@ -165,6 +166,7 @@ def test_tfmem_last_tells_where_the_script_was_when_tfmem_run_itself_was_killed(
     assert "finished: 0 run" in last.stdout
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 def test_a_real_oom_kill_in_a_memory_cgroup_is_named_with_the_limit(tmp_path: Path):
     (tmp_path / "grow.py").write_text(GROW)
     limit = 400 * MiB

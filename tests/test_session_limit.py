@@ -166,6 +166,7 @@ def test_past_the_limit_the_remaining_tests_run_on_in_replacement_processes(cree
     assert all(78 <= float(size) <= 90 for size in left), left  # each left its 80 MiB
 
 
+@pytest.mark.linux  # forks of the template
 def test_replacements_are_forks_of_the_template_and_start_in_well_under_a_second(creep: Run):
     notes = creep.notes()
     processes = _by_process(notes)
@@ -268,6 +269,7 @@ def test_auto_is_the_start_plus_a_share_of_the_room_under_the_limit():
     assert parse_session_limit("Auto", "x") == "auto" and parse_session_limit("1GB", "x") == 10**9
 
 
+@pytest.mark.linux  # a memory cgroup's limit
 def test_auto_resolves_under_the_cgroup_limit(pytester: pytest.Pytester):
     pytester.makepyfile(test_creep=GROWING.format(step=40, count=12, extra=""))
     with memory_cgroup(2**30) as cgroup:
@@ -303,6 +305,7 @@ def test_leaves_100_mib(n):
 TF_LIMIT = "700MB"
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 @pytest.mark.slow  # two TensorFlow sessions in a memory cgroup
 def test_in_a_cgroup_the_limit_turns_an_oom_kill_into_a_passing_session(pytester: pytest.Pytester):
     pytester.makepyfile(test_creep=TF_CREEP)

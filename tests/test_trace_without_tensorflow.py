@@ -142,6 +142,7 @@ def test_the_command_line_overrides_the_ini_and_the_marker_overrides_both(pytest
     assert [p.name for p in tracedirs.traced_tests(session)] == ["test_numpy.py__test_passes_traced"]
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_hostile_parametrize_ids_cannot_leave_the_trace_directory(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_ids="""
@@ -198,6 +199,7 @@ def test_an_isolated_test_is_traced_into_the_sessions_directory(pytester: pytest
     result.stdout.fnmatch_lines([f"open it: tensorboard --logdir .tfmem/traces/{session.name}/test_isolated.py__*"])
 
 
+@pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
 def test_a_trace_that_cannot_be_written_warns_and_leaves_the_failure_as_it_was(pytester: pytest.Pytester) -> None:
     pytester.makefile(".txt", blocker="a file where the trace directory should go")
     pytester.makepyfile(

@@ -245,6 +245,7 @@ class TestCaseStyle(unittest.TestCase):
 """
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 def test_a_killed_worker_is_explained(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(KILLED_TESTS)
     result = _run(pytester, "-n", "1")

@@ -43,6 +43,7 @@ class TestCaseStyle(unittest.TestCase):
 """
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 def test_the_chosen_count_keeps_alive_a_suite_that_one_worker_per_cpu_gets_killed(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -107,6 +108,7 @@ class TestCaseStyle(unittest.TestCase):
 """
 
 
+@pytest.mark.linux  # a memory cgroup's OOM-kill count
 def test_a_worker_killed_by_the_oom_killer_is_explained(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(GROWING_TESTS)
     limit = 400 * MiB

@@ -168,8 +168,8 @@ def watch_summary_lines(result: WatchResult) -> list[str]:
     lines = [
         (
             f"process tree RSS: last {format_size(result.last_rss)}, peak {format_size(result.peak_rss)} "
-            f"(sampled); the child's own peak {format_size(result.child_peak_rss)} (from {platforms.current().marks_named}); "
-            f"after {result.elapsed_s:.2f} s"
+            f"(sampled); the child's own peak {format_size(result.child_peak_rss)} "
+            f"(from {platforms.current().marks_named}); after {result.elapsed_s:.2f} s"
         ),
     ]
     if result.timeline:
