@@ -68,15 +68,23 @@ def records_from_junit(path) -> dict[str, TestRecord]:
 _OUTCOMES = (("failure", "failed"), ("error", "failed"), ("skipped", "skipped"))
 
 
-def records_from_inline(reprec) -> dict[str, TestRecord]:
-    """tfmem records by test name, from an in-process ``pytester.inline_run``."""
-    records = {}
-    for report in reprec.getreports("pytest_runtest_logreport"):
-        if report.when == "call":
-            record = record_from_report(report)
-            if record is not None:
-                records[report.nodeid.split("::")[-1]] = record
-    return records
+class _CallRecords:
+    """Catches each call report's tfmem record as it is logged: once every plugin has logged a
+    report, tfmem takes the record off it."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, TestRecord] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        record = record_from_report(report) if report.when == "call" else None
+        if record is not None:
+            self.by_name[report.nodeid.split("::")[-1]] = record
+
+
+def inline_run_records(pytester: pytest.Pytester, *args: str) -> tuple[pytest.HookRecorder, dict[str, TestRecord]]:
+    """An in-process ``pytester.inline_run``, and the tfmem records of its tests by name."""
+    caught = _CallRecords()
+    return pytester.inline_run(*args, plugins=[caught]), caught.by_name
 
 
 @pytest.fixture

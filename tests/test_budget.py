@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import records_from_inline
+from conftest import inline_run_records
 
 SPIKE_TESTS = """
 import time
@@ -27,9 +27,9 @@ def test_a_5ms_spike_of_250MB_fails_a_200MB_budget_in_20_of_20_runs(pytester: py
 
 def test_the_same_spike_passes_a_400MB_budget_in_20_of_20_runs(pytester: pytest.Pytester):
     pytester.makepyfile(SPIKE_TESTS)
-    reprec = pytester.inline_run("--tfmem-budget=400MB")
+    reprec, records = inline_run_records(pytester, "--tfmem-budget=400MB")
     reprec.assertoutcome(passed=20)
-    peaks = [record.measurement.peak for record in records_from_inline(reprec).values()]
+    peaks = [record.measurement.peak for record in records.values()]
     assert len(peaks) == 20
     assert all(245 * 10**6 <= peak <= 270 * 10**6 for peak in peaks), peaks
 
@@ -61,11 +61,10 @@ def test_exempt():
 
 def test_marker_overrides_global_and_none_exempts(pytester: pytest.Pytester):
     pytester.makepyfile(ALLOCATE_300MB)
-    reprec = pytester.inline_run("--tfmem-budget=200MB")
+    reprec, records = inline_run_records(pytester, "--tfmem-budget=200MB")
     passed, _, failed = reprec.listoutcomes()
     assert sorted(r.nodeid.split("::")[1] for r in failed) == ["test_global", "test_marker_lowers_the_budget"]
     assert sorted(r.nodeid.split("::")[1] for r in passed) == ["test_exempt", "test_marker_raises_the_budget"]
-    records = records_from_inline(reprec)
     assert records["test_exempt"].budget is None
     assert records["test_marker_raises_the_budget"].budget == 500 * 10**6
 
@@ -146,9 +145,9 @@ def test_a_failing_test_keeps_its_own_error_and_gets_the_numbers(pytester: pytes
 
 def test_inert_without_options_markers_or_fixture(pytester: pytest.Pytester):
     pytester.makepyfile("def test_plain():\n    assert True\n")
-    reprec = pytester.inline_run()
+    reprec, records = inline_run_records(pytester)
     reprec.assertoutcome(passed=1)
-    assert records_from_inline(reprec) == {}
+    assert records == {}
     result = pytester.runpytest()
     result.stdout.no_fnmatch_line("*tfmem:*")
     result.stdout.no_fnmatch_line("*peak memory need*")

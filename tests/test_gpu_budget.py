@@ -18,12 +18,7 @@ from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.frameworks import set_gpu_environment
 from pytest_tfmem.frameworks.tensorflow import TensorFlow, allocator_sources
-from pytest_tfmem.gpu.plugin import (
-    check_gpu_budget,
-    gpu_views,
-    held_to_gpu_budgets,
-    summary_notes,
-)
+from pytest_tfmem.gpu.plugin import GpuFigures, check_gpu_budget, gpu_views
 
 GiB = 2**30
 MiB = 2**20
@@ -130,15 +125,15 @@ def test_summary_notes_say_which_views_are_missing_and_why():
     host_only = TestRecord("t::a", measurement(("host", MiB)), extra={"gpu": {"unchecked_gpu_budget": GiB}})
     tf_gpu = TestRecord("t::b", measurement(("host", MiB), ("tf:GPU:0", GiB)))
     nvml = TestRecord("t::c", measurement(("nvml:0", GiB)), extra={"gpu": {"problems": ["NVML failed on GPU 0: GPU is lost"]}})
-    assert summary_notes([host_only], reason) == [
+    assert GpuFigures.of([host_only]).notes(reason) == [
         "no GPU views: nvidia-ml-py is not installed",
         "GPU budget not checked in 1 test(s): no GPU memory view",
     ]
-    assert summary_notes([tf_gpu], reason) == ["no NVML views: nvidia-ml-py is not installed"]
-    assert summary_notes([tf_gpu, nvml, nvml], reason) == ["NVML failed on GPU 0: GPU is lost"]
+    assert GpuFigures.of([tf_gpu]).notes(reason) == ["no NVML views: nvidia-ml-py is not installed"]
+    assert GpuFigures.of([tf_gpu, nvml, nvml]).notes(reason) == ["NVML failed on GPU 0: GPU is lost"]
     # Without a GPU option or GPU budget, no view is missing: nothing to explain.
-    assert summary_notes([tf_gpu], reason, views_note=False) == []
-    assert held_to_gpu_budgets([host_only]) and not held_to_gpu_budgets([tf_gpu, nvml])
+    assert GpuFigures.of([tf_gpu]).notes(reason, views_note=False) == []
+    assert GpuFigures.of([host_only]).held and not GpuFigures.of([tf_gpu, nvml]).held
 
 
 def apply_gpu_limit(monkeypatch: pytest.MonkeyPatch, tf: FakeTensorFlow, runtime_started: bool, limit: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import records_from_inline
+from conftest import inline_run_records
 
 from pytest_tfmem import LeakDetected, LeakReport, leak_check
 from pytest_tfmem.leaks.check import theil_sen_slope
@@ -44,13 +44,13 @@ def test_flat_loop(tfmem, run):
 @pytest.mark.slow  # 20 sessions of 20 iterations each: 25-50 s on two cores
 def test_a_1MB_per_iteration_leak_is_flagged_and_a_flat_loop_passes_in_20_of_20_runs(pytester: pytest.Pytester):
     pytester.makepyfile(SYNTHETIC_LOOPS)
-    reprec = pytester.inline_run("-p", "no:cacheprovider", "--tfmem-trace=off")
+    reprec, records = inline_run_records(pytester, "-p", "no:cacheprovider", "--tfmem-trace=off")
     passed, _, failed = reprec.listoutcomes()
     assert {r.nodeid.split("::")[-1] for r in failed} == {f"test_leaking_loop[{run}]" for run in range(20)}
     assert len(passed) == 20 and all("test_flat_loop" in r.nodeid for r in passed)
     assert all(r.longrepr.reprcrash.message.startswith("tfmem: leak: +") for r in failed)
 
-    growth = {name: record.extra["leak"]["growth_per_iteration"] for name, record in records_from_inline(reprec).items()}
+    growth = {name: record.extra["leak"]["growth_per_iteration"] for name, record in records.items()}
     leaking = [g for name, g in growth.items() if name.startswith("test_leaking_loop")]
     flat = [g for name, g in growth.items() if name.startswith("test_flat_loop")]
     print(f"leaking: {min(leaking):.0f}..{max(leaking):.0f} B/iter; flat: {min(flat):.0f}..{max(flat):.0f} B/iter")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import records_from_inline
+from conftest import inline_run_records
 
 MARKED_TESTS = """
 import numpy as np
@@ -39,7 +39,7 @@ def test_marker_flat_with_defaults(store):
 @pytest.mark.linux  # malloc_trim hands freed heap back before each reading
 def test_the_marker_repeats_the_body_without_rerunning_fixtures_and_reports_like_the_fixture(pytester: pytest.Pytester):
     pytester.makepyfile(test_marked=MARKED_TESTS)
-    reprec = pytester.inline_run("-p", "no:cacheprovider", "--tfmem-trace=off")
+    reprec, records = inline_run_records(pytester, "-p", "no:cacheprovider", "--tfmem-trace=off")
     passed, _, failed = reprec.listoutcomes()
     assert [r.nodeid.split("::")[1] for r in failed] == ["test_marker_body_leaks", "test_fixture_form_leaks"]
     assert [r.nodeid.split("::")[1] for r in passed] == ["test_counts_after_the_marked_test", "test_marker_flat_with_defaults"]
@@ -55,7 +55,6 @@ def test_the_marker_repeats_the_body_without_rerunning_fixtures_and_reports_like
     assert "list 'store' holding ndarray (2 -> 6)" in marker_failure
     assert "list 'KEPT' (global of test_marked) holding ndarray (2 -> 6)" in fixture_failure
 
-    records = records_from_inline(reprec)
     for name in ("test_marker_body_leaks", "test_fixture_form_leaks"):
         leak = records[name].extra["leak"]
         assert leak["leaked"] and 0.9e6 < leak["growth_per_iteration"] < 1.15e6

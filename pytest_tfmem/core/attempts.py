@@ -3,43 +3,21 @@
 Every attempt of a test is logged with reports of its own: those of an attempt that is retried
 have the outcome ``rerun``, and each report says how many attempts came before it
 (``report.rerun``, pytest-rerunfailures' attribute). tfmem keeps one record per test, the last
-attempt's, with that count (``gather``), and re-runs a test's body after a memory failure
+attempt's, with that count (``core.record_store``), and re-runs a test's body after a memory failure
 (``core.rerun``: for a trace, an explanation) on its first memory failure only (``FirstReruns``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-
-if TYPE_CHECKING:
-    from pytest_tfmem.core.record import TestRecord
 
 
 def attempts_before(report: pytest.TestReport) -> int:
     """How many attempts of the test came before the one ``report`` is of (0 without reruns)."""
     count = getattr(report, "rerun", 0)
     return count if isinstance(count, int) and not isinstance(count, bool) else 0
-
-
-def gather(records: list[TestRecord], record: TestRecord, gathered: set[str]) -> None:
-    """Add ``record`` to ``records``; a later attempt's record replaces the earlier attempts'.
-    ``gathered`` holds the node ids added so far (it spares a test's first attempt, nearly every
-    record, a look through all the others).
-
-    Earlier attempts are those ``record`` counts, and those retried (outcome ``rerun``): a
-    report tfmem makes itself for an isolated test whose process died has no count.
-    """
-    if record.nodeid not in gathered:
-        gathered.add(record.nodeid)
-        records.append(record)
-        return
-    earlier = [r for r in records if r.nodeid == record.nodeid and (record.reruns or r.outcome == "rerun")]
-    if earlier:
-        record.reruns = max(record.reruns, len(earlier))
-        records[:] = [r for r in records if not any(r is attempt for attempt in earlier)]
-    records.append(record)
 
 
 class FirstReruns:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,7 +24,8 @@ from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherit
 from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
 from pytest_tfmem.core.handoffs import PROFILER_IN_USE
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker, probes
-from pytest_tfmem.core.record import TestRecord, publish, record_from_report
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report, unpublish
+from pytest_tfmem.core.record_store import RecordStore
 from pytest_tfmem.core.rerun import (
     RERUN_KEYWORD,
     Rerun,
@@ -36,7 +37,7 @@ from pytest_tfmem.core.rerun import (
 )
 from pytest_tfmem.core.retained import Boundary
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
-from pytest_tfmem.core.summary import render_table, section_text, summary_rows
+from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for
@@ -53,6 +54,7 @@ _MANAGER = pytest.StashKey["TfmemManager"]()
 _PLATFORM_BEFORE = pytest.StashKey[platforms.Chosen]()
 # On a call report whose test should have been measured but was not: why (the summary lists them).
 NOT_MEASURED = "tfmem_not_measured"
+R = TypeVar("R")  # a reader of every record at the session's end (``TfmemManager.reader``)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -133,8 +135,11 @@ class TfmemManager:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.settings = settings.CoreSettings.from_config(config)
-        self.records: list[TestRecord] = []
-        self._gathered: set[str] = set()  # the node ids among the records
+        self.store = RecordStore()  # every measured test's record, on disk once complete
+        # Readers of every record at the session's end, by kind (``add_reader``), and the last
+        # pass that fed them (the store's changes when it ran).
+        self._reader_factories: dict[type[Any], Callable[[], Any]] = {HeaviestTests: self._heaviest_tests}
+        self._readers: tuple[int, dict[type[Any], Any]] = (-1, {})
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
         # call reports failed by a tfmem check, until their teardown's report: a check on what the
         # test left behind fails it there, in the same message, not as a second outcome
@@ -175,6 +180,32 @@ class TfmemManager:
         # this rather than the process again.
         self.last_boundary: Boundary | None = None
         remove_inherited_ledgers()
+
+    @property
+    def records(self) -> RecordStore:
+        """Every measured test's record: each pass over them reads them back from disk, one at a
+        time (the reports CI reads go through them; the summaries read them with ``reader``)."""
+        return self.store
+
+    def add_reader(self, kind: type[R], factory: Callable[[], R]) -> None:
+        """A feature's reader of every record at the session's end: an object with ``add(record)``
+        that keeps what its summary needs (``reader``). One pass over the records feeds them all."""
+        self._reader_factories[kind] = factory
+
+    def reader(self, kind: type[R]) -> R:
+        """The reader of ``kind``, fed every record: the first to ask runs the one pass (again
+        only if a record came since)."""
+        if self._readers[0] != self.store.changes:
+            readers = {known: factory() for known, factory in self._reader_factories.items()}
+            for record in self.store:
+                for reader in readers.values():
+                    reader.add(record)
+            self._readers = (self.store.changes, readers)
+        found: R = self._readers[1][kind]
+        return found
+
+    def _heaviest_tests(self) -> HeaviestTests:
+        return HeaviestTests(self.settings.top)
 
     @property
     def template_pids(self) -> set[int]:
@@ -310,7 +341,9 @@ class TfmemManager:
             raise pytest.UsageError("\n".join(bad))
 
     def _read_tfmem_marker(self, item: pytest.Item) -> None:
-        item.stash[ARGUMENTS] = settings.marker_arguments(item, self.marker_keywords)
+        arguments = settings.marker_arguments(item, self.marker_keywords)
+        if arguments:  # kept on the item to the session's end: an unmarked test keeps nothing
+            item.stash[ARGUMENTS] = arguments
 
     @pytest.hookimpl
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -442,6 +475,10 @@ class TfmemManager:
         if call.excinfo is not None and isinstance(call.excinfo.value, TfmemFailure):
             # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's path
             pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines(), FIGURES_HELP)
+        if call.when == "teardown":  # the reports made from the item carry the record now
+            unpublish(item)
+            if RECORD in item.stash:
+                del item.stash[RECORD]
         if record is not None:
             report.sections.append(("tfmem", section_text(record)))
             for sections in added:
@@ -458,12 +495,21 @@ class TfmemManager:
         added += self.config.hook.pytest_tfmem_report_sections(item=item, record=record)
         return [sections for sections in added if sections]
 
-    @pytest.hookimpl
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    # tryfirst: the outermost wrapper, so every plugin has read the record when it is taken off
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
+        self._gather(report)
+        try:
+            return (yield)
+        finally:
+            unpublish(report)
+
+    def _gather(self, report: pytest.TestReport) -> None:
+        """Keep the record a call report carries; add what its teardown report adds to it."""
         if report.when == "call" and not self.subtests.ended(report):
             record = record_from_report(report)
             if record is not None:
-                attempts.gather(self.records, record, self._gathered)
+                self.store.add(record)
                 if report.failed and record.failed_verdicts:
                     self._failed_calls[report.nodeid] = report
             self.not_measured += [
@@ -471,13 +517,14 @@ class TfmemManager:
             ]
         elif report.when == "teardown":
             self._add_retained(report)
+            self.store.close(report.nodeid)
 
     def _add_retained(self, report: pytest.TestReport) -> None:
         """What the test left behind, and the verdicts on it, come with its teardown report."""
         after_teardown = record_from_report(report)
         if after_teardown is None or after_teardown.retained is None:
             return
-        record = next((r for r in reversed(self.records) if r.nodeid == report.nodeid), None)
+        record = self.store.open_record(report.nodeid)
         failed_call = self._failed_calls.pop(report.nodeid, None)
         if record is not None:
             added = [v for v in after_teardown.verdicts[len(record.verdicts):] if not v.ok]
@@ -494,9 +541,9 @@ class TfmemManager:
             write(terminalreporter)
 
     def _write_table(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if self.records:
+        if self.store:
             terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
-            for line in render_table(summary_rows(self.records, self.settings.top, subtests=self.settings.subtests)):
+            for line in render_table(self.reader(HeaviestTests).rows(subtests=self.settings.subtests)):
                 terminalreporter.write_line(line)
         if self.not_measured:
             terminalreporter.write_line(f"tfmem: {len(self.not_measured)} test(s) not measured:", yellow=True)
@@ -504,6 +551,7 @@ class TfmemManager:
                 terminalreporter.write_line(f"  {nodeid}: {why}")
 
     def pytest_unconfigure(self) -> None:
+        self.store.remove()
         if self._imports is not None:
             self._imports.uninstall()
         if self.collector.freezing:

@@ -3,12 +3,15 @@
 The record rides on ``report.user_properties`` as ``("tfmem", <JSON>)``, next to flat
 numeric properties (``tfmem_peak_bytes`` ...) that JUnit XML files show. Reports reach the
 controller under pytest-xdist unchanged, so the controller builds summaries and reports
-from reports alone, without files or shared state.
+from reports alone, without files or shared state. Once every plugin has logged a report, the
+record is taken off it (``unpublish``): pytest keeps the reports to the session's end.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +24,8 @@ from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
 from pytest_tfmem.core.verdict import Verdict
 
 PROPERTY = "tfmem"
+PEAK_PROPERTY = "tfmem_peak_bytes"  # flat figures, beside the record: JUnit XML shows them
+BUDGET_PROPERTY = "tfmem_budget_bytes"
 
 
 @dataclass
@@ -94,12 +99,12 @@ class TestRecord:
     def user_properties(self) -> list[tuple[str, object]]:
         properties: list[tuple[str, object]] = [(PROPERTY, json.dumps(self.to_dict(), sort_keys=True))]
         if self.measurement is not None:
-            properties.append(("tfmem_peak_bytes", self.measurement.peak))
+            properties.append((PEAK_PROPERTY, self.measurement.peak))
             for view in self.measurement.views:
                 name = view.view.replace(":", "_")
-                properties.append((f"tfmem_{name}_bytes", view.increase))
+                properties.append((sys.intern(f"tfmem_{name}_bytes"), view.increase))  # one string a session
         if self.budget is not None:
-            properties.append(("tfmem_budget_bytes", self.budget))
+            properties.append((BUDGET_PROPERTY, self.budget))
         if self.gpu_budget is not None:
             properties.append(("tfmem_gpu_budget_bytes", self.gpu_budget))
         if self.retained is not None:
@@ -112,8 +117,22 @@ def publish(holder: pytest.Item | pytest.TestReport, record: TestRecord) -> None
     them) or a report's. The one way to update a record after the fact: change it, publish it
     again, and its earlier properties are replaced where they stand."""
     fresh = dict(record.user_properties())
-    properties = [(name, fresh.pop(name, value)) for name, value in holder.user_properties]
+    properties = []
+    for kept in holder.user_properties:
+        name, value = kept
+        if name in fresh and fresh[name] != value:
+            properties.append((name, fresh.pop(name)))
+        else:  # an unchanged property keeps its tuple: pytest keeps every report's to the end
+            fresh.pop(name, None)
+            properties.append(kept)
     holder.user_properties[:] = [*properties, *fresh.items()]
+
+
+def unpublish(holder: pytest.Item | pytest.TestReport) -> None:
+    """Take the record off ``holder`` once every plugin has read it (the call and teardown
+    reports, the item after its teardown report): pytest keeps every report and item to the
+    session's end, and the record is kept on disk (``core.record_store``). The flat figures stay."""
+    holder.user_properties[:] = [kept for kept in holder.user_properties if kept[0] != PROPERTY]
 
 
 def published_record(holder: pytest.Item | pytest.TestReport) -> TestRecord | None:
@@ -135,6 +154,24 @@ def record_from_report(report: pytest.TestReport) -> TestRecord | None:
     return record
 
 
-def session_account(records: list[TestRecord]) -> SessionAccount:
+class RetainedFigures:
+    """What each test left behind, gathered one record at a time (``TfmemManager.reader``): the
+    session's books are made of them."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, Retained]] = []
+
+    def add(self, record: TestRecord) -> None:
+        if record.retained is not None:
+            self.entries.append((record.nodeid, record.retained))
+
+    def account(self) -> SessionAccount:
+        return SessionAccount.of(self.entries)
+
+
+def session_account(records: Iterable[TestRecord]) -> SessionAccount:
     """The session's books, from the records that carry a retained figure."""
-    return SessionAccount.of((record.nodeid, record.retained) for record in records if record.retained is not None)
+    figures = RetainedFigures()
+    for record in records:
+        figures.add(record)
+    return figures.account()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Iterable
 
 from pytest_tfmem import frameworks
 from pytest_tfmem.core.first_imports import section_lines
-from pytest_tfmem.core.measure import Measurement, ViewReading
+from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.platforms import EXACT, EXACT_IF_RAISED
 from pytest_tfmem.probes.children import ChildFigure, ChildrenReading
@@ -18,16 +19,6 @@ def use_percent(need: int | None, budget: int | None) -> str:
     if budget is None or need is None or budget == 0:
         return "-"
     return f"{100 * need / budget:.0f}%"
-
-
-def _nvml_header(records: Sequence[TestRecord]) -> str:
-    """``NVML GPU (every 50 ms)``: NVML keeps no peak, so its column says how it was read."""
-    read = [r.measurement.nvml_interval_s for r in records if r.measurement is not None]
-    intervals = [interval for interval in read if interval is not None]
-    if not intervals:
-        return "NVML GPU"
-    interval = max(intervals)
-    return f"NVML GPU (every {interval * 1000:g} ms)" if interval else "NVML GPU (start/end)"
 
 
 def _result(record: TestRecord) -> str:
@@ -59,46 +50,83 @@ def _signed(size: int | None) -> str:
     return "-" if size is None else format_size(size, signed=True)
 
 
-def summary_rows(records: Sequence[TestRecord], top: int, *, subtests: bool = False) -> list[list[str]]:
-    """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use, result;
-    NVML's column and the GPU budget's columns where they apply. With ``subtests``, each test's
-    subtests follow its row, heaviest first, their use and result against the test's budget."""
-    measured = [r for r in records if r.measurement is not None]
-    measured.sort(key=lambda r: r.measurement.peak, reverse=True)  # type: ignore[union-attr]
-    with_nvml = any(v.view.startswith("nvml:") for r in measured for v in r.measurement.views)  # type: ignore[union-attr]
-    with_gpu_budget = any(r.gpu_budget is not None for r in measured)
-    nvml_column = [_nvml_header(measured)] if with_nvml else []
-    gpu_budget_columns = ["GPU budget", "GPU use"] if with_gpu_budget else []
-    with_retained = any(r.retained is not None for r in measured) or (
-        subtests and any(subtest.retained is not None for r in measured for subtest in r.subtests)
-    )
-    retained_column = ["retained"] if with_retained else []
-    with_children = any(r.measurement.children is not None for r in measured)  # type: ignore[union-attr]
-    # the GPU column is TensorFlow's allocators' unless another framework's GPU views are there
-    gpu_column = "TF GPU" if all(v.view.startswith("tf:") for v in _gpu_views(measured)) else "GPU"
-    # what the host view counts (RSS, phys_footprint, working set): one platform a session
-    counts = measured[0].measurement.counts if measured else "RSS"  # type: ignore[union-attr]
-    header = ["test", "peak", f"host {counts}", "TF CPU", gpu_column, *(["children"] if with_children else []),
-              *nvml_column, "budget", "use", *gpu_budget_columns, *retained_column]
-    rows = [[*header, "result"]]
-    for record in measured[:top]:
-        assert record.measurement is not None
-        gpu_budget_cells = [format_size(record.gpu_budget), use_percent(record.gpu_need, record.gpu_budget)]
-        rows.append(
-            _figure_cells(record.nodeid, record.measurement, with_nvml, with_children)
-            + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
-            + (gpu_budget_cells if with_gpu_budget else [])
-            + ([_retained(record)] if with_retained else [])
-            + [_result(record)]
+class HeaviestTests:
+    """The table of the heaviest tests, gathered one record at a time (``add``): the ``top``
+    heaviest measured tests, and what the columns need to know of all of them. A session's
+    table is built without holding every record (``core.record_store``)."""
+
+    def __init__(self, top: int) -> None:
+        self.top = top
+        self._heaviest: list[tuple[int, int, TestRecord]] = []  # a heap: (peak, -arrival, record)
+        self._arrivals = 0
+        self._nvml = self._gpu_budget = self._retained = self._subtest_retained = self._children = False
+        self._gpu_views_tf = True  # every GPU view (NVML's aside) is TensorFlow's allocators'
+        self._nvml_interval: float | None = None  # the longest NVML reading interval
+
+    def add(self, record: TestRecord) -> None:
+        measurement = record.measurement
+        if measurement is None:
+            return
+        self._nvml |= any(v.view.startswith("nvml:") for v in measurement.views)
+        self._gpu_budget |= record.gpu_budget is not None
+        self._retained |= record.retained is not None
+        self._subtest_retained |= any(subtest.retained is not None for subtest in record.subtests)
+        self._children |= measurement.children is not None
+        self._gpu_views_tf &= all(
+            v.view.startswith("tf:") for v in measurement.gpu_views() if not v.view.startswith("nvml:")
         )
-        if subtests:
-            rows += _subtest_rows(record, with_nvml, with_gpu_budget, with_retained, with_children)
-    return rows
+        if measurement.nvml_interval_s is not None:
+            self._nvml_interval = max(self._nvml_interval or 0.0, measurement.nvml_interval_s)
+        self._arrivals += 1
+        entry = (measurement.peak, -self._arrivals, record)  # of equal peaks, the earlier ranks first
+        if len(self._heaviest) < self.top:
+            heapq.heappush(self._heaviest, entry)
+        elif self.top and entry[:2] > self._heaviest[0][:2]:
+            heapq.heapreplace(self._heaviest, entry)
+
+    def _nvml_header(self) -> str:
+        """``NVML GPU (every 50 ms)``: NVML keeps no peak, so its column says how it was read."""
+        if self._nvml_interval is None:
+            return "NVML GPU"
+        interval = self._nvml_interval
+        return f"NVML GPU (every {interval * 1000:g} ms)" if interval else "NVML GPU (start/end)"
+
+    def rows(self, *, subtests: bool = False) -> list[list[str]]:
+        """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use,
+        result; NVML's column and the GPU budget's columns where they apply. With ``subtests``,
+        each test's subtests follow its row, heaviest first, their use and result against the
+        test's budget."""
+        heaviest = [record for _, _, record in sorted(self._heaviest, key=lambda entry: entry[:2], reverse=True)]
+        with_retained = self._retained or (subtests and self._subtest_retained)
+        # the GPU column is TensorFlow's allocators' unless another framework's GPU views are there
+        gpu_column = "TF GPU" if self._gpu_views_tf else "GPU"
+        # what the host view counts (RSS, phys_footprint, working set): one platform a session
+        counts = heaviest[0].measurement.counts if heaviest and heaviest[0].measurement else "RSS"
+        header = ["test", "peak", f"host {counts}", "TF CPU", gpu_column, *(["children"] if self._children else []),
+                  *([self._nvml_header()] if self._nvml else []), "budget", "use",
+                  *(["GPU budget", "GPU use"] if self._gpu_budget else []), *(["retained"] if with_retained else [])]
+        rows = [[*header, "result"]]
+        for record in heaviest:
+            assert record.measurement is not None
+            gpu_budget_cells = [format_size(record.gpu_budget), use_percent(record.gpu_need, record.gpu_budget)]
+            rows.append(
+                _figure_cells(record.nodeid, record.measurement, self._nvml, self._children)
+                + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
+                + (gpu_budget_cells if self._gpu_budget else [])
+                + ([_retained(record)] if with_retained else [])
+                + [_result(record)]
+            )
+            if subtests:
+                rows += _subtest_rows(record, self._nvml, self._gpu_budget, with_retained, self._children)
+        return rows
 
 
-def _gpu_views(records: Sequence[TestRecord]) -> list[ViewReading]:
-    views = (v for r in records if r.measurement is not None for v in r.measurement.gpu_views())
-    return [v for v in views if not v.view.startswith("nvml:")]
+def summary_rows(records: Iterable[TestRecord], top: int, *, subtests: bool = False) -> list[list[str]]:
+    """The table of the ``top`` heaviest of ``records`` (``HeaviestTests.rows``)."""
+    heaviest = HeaviestTests(top)
+    for record in records:
+        heaviest.add(record)
+    return heaviest.rows(subtests=subtests)
 
 
 def _figure_cells(name: str, m: Measurement, with_nvml: bool, with_children: bool = False) -> list[str]:

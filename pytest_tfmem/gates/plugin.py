@@ -206,9 +206,12 @@ class CiGates:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if not processes.role(self.config).writes_session_outputs:
+        writes = (self.save_path, self.report_path, self.markdown_path)
+        if not processes.role(self.config).writes_session_outputs or not (
+            any(path is not None for path in writes) or self.history.active or self.github_summary
+        ):
             return
-        records = manager(self.config).records
+        records = list(manager(self.config).records)  # the files CI reads hold every test
         if self.save_path is not None:
             self._save_baseline(session, records, exitstatus)
         if self.report_path is not None:
@@ -293,9 +296,9 @@ class CiGates:
 
     @pytest.hookimpl
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        records = manager(self.config).records
-        if self.baseline is not None and records:
-            self._summarise_comparisons(terminalreporter, records)
+        stored = manager(self.config).records
+        if self.baseline is not None and stored:
+            self._summarise_comparisons(terminalreporter, list(stored))
         elif self.outcome_lines:
             terminalreporter.write_sep("=", "tfmem: CI gates")
         for line, markup in self.outcome_lines:

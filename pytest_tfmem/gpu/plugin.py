@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -105,6 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
     tfmem_manager.add_summary(Summary.GPU, gpu.write_summary)
     tfmem_manager.tracker_sources.append(gpu.nvml_trackers)
     tfmem_manager.runtime_setups.append(gpu.configure_runtime)
+    tfmem_manager.add_reader(GpuFigures, GpuFigures)
 
 
 # -- checks --------------------------------------------------------------------------------
@@ -183,26 +184,42 @@ def gpu_options_given(config: pytest.Config) -> list[str]:
     return given
 
 
-def held_to_gpu_budgets(records: list[TestRecord]) -> bool:
-    """A test was held to a GPU budget (its marker's, or an option's), checked or not."""
-    return any(
-        any(v.check == CHECK for v in r.verdicts) or "unchecked_gpu_budget" in r.extra.get(EXTRA, {}) for r in records
-    )
+class GpuFigures:
+    """What the GPU lines under the summary table need to know of every record, gathered one
+    record at a time (``TfmemManager.reader``)."""
 
+    def __init__(self) -> None:
+        self.views: set[str] = set()
+        self.problems: set[str] = set()  # NVML's
+        self.unchecked = 0  # tests with a GPU budget and no GPU view to check it against
+        self.held = False  # a test was held to a GPU budget (its marker's, or an option's), checked or not
 
-def summary_notes(records: list[TestRecord], nvml_reason: Callable[[], str], *, views_note: bool = True) -> list[str]:
-    """Lines under the summary table: why there are no NVML (or no GPU) views (with
-    ``views_note``), NVML's problems, GPU budgets that had nothing to check."""
-    notes = []
-    views = {v.view for r in records if r.measurement for v in r.measurement.views}
-    if views_note and not any(view.startswith("nvml:") for view in views):
-        what = "NVML views" if any(frameworks.is_gpu_view(view) for view in views) else "GPU views"
-        notes.append(f"no {what}: {nvml_reason()}")
-    notes += sorted({problem for r in records for problem in r.extra.get(EXTRA, {}).get("problems", ())})
-    unchecked = [r for r in records if "unchecked_gpu_budget" in r.extra.get(EXTRA, {})]
-    if unchecked:
-        notes.append(f"GPU budget not checked in {len(unchecked)} test(s): no GPU memory view")
-    return notes
+    @classmethod
+    def of(cls, records: Iterable[TestRecord]) -> GpuFigures:
+        figures = cls()
+        for record in records:
+            figures.add(record)
+        return figures
+
+    def add(self, record: TestRecord) -> None:
+        if record.measurement is not None:
+            self.views.update(v.view for v in record.measurement.views)
+        extra = record.extra.get(EXTRA, {})
+        self.problems.update(extra.get("problems", ()))
+        self.unchecked += "unchecked_gpu_budget" in extra
+        self.held |= "unchecked_gpu_budget" in extra or any(v.check == CHECK for v in record.verdicts)
+
+    def notes(self, nvml_reason: Callable[[], str], *, views_note: bool = True) -> list[str]:
+        """Lines under the summary table: why there are no NVML (or no GPU) views (with
+        ``views_note``), NVML's problems, GPU budgets that had nothing to check."""
+        notes = []
+        if views_note and not any(view.startswith("nvml:") for view in self.views):
+            what = "NVML views" if any(frameworks.is_gpu_view(view) for view in self.views) else "GPU views"
+            notes.append(f"no {what}: {nvml_reason()}")
+        notes += sorted(self.problems)
+        if self.unchecked:
+            notes.append(f"GPU budget not checked in {self.unchecked} test(s): no GPU memory view")
+        return notes
 
 
 def _expects(item: pytest.Item, error: BaseException) -> bool:
@@ -329,11 +346,11 @@ class TfmemGpu:
             raise failure from None
 
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        records = manager(self.config).records
-        if not records:
+        tfmem = manager(self.config)
+        if not tfmem.records:
             return
-        views_note = bool(self.options_given) or held_to_gpu_budgets(records)
-        for line in summary_notes(records, self._nvml_reason, views_note=views_note):
+        figures = tfmem.reader(GpuFigures)
+        for line in figures.notes(self._nvml_reason, views_note=bool(self.options_given) or figures.held):
             terminalreporter.write_line(f"tfmem: {line}")
 
     def _nvml_reason(self) -> str:

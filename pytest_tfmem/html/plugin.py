@@ -2,8 +2,9 @@
 columns, and each measured test's details a tfmem block (verdicts, views, notes, and the
 report sections tfmem wrote, such as the trace path).
 
-Everything comes from the ``TestRecord`` each report carries, so it works under pytest-xdist
-(the controller writes the HTML report from the workers' reports). Nothing is registered unless
+Everything comes from the ``TestRecord`` each report carries (the table's cells, from the flat
+figures beside it), so it works under pytest-xdist (the controller writes the HTML report from
+the workers' reports). Nothing is registered unless
 pytest-html writes a report in this process (``--html=PATH``), and the columns are added only
 where every test is measured (a tfmem option or ini value is set): a session that does not use
 tfmem keeps pytest-html's table as it is, and a test measured for its marker alone has its block.
@@ -16,12 +17,13 @@ from html import escape
 import pytest
 
 from pytest_tfmem.core import manager as core, processes
-from pytest_tfmem.core.record import TestRecord, record_from_report
+from pytest_tfmem.core.record import BUDGET_PROPERTY, PEAK_PROPERTY, TestRecord, record_from_report
 from pytest_tfmem.core.summary import use_percent
 from pytest_tfmem.core.verdict import view_label
 from pytest_tfmem.units import format_size
 
 COLUMNS = (("tfmem_peak", "Peak memory"), ("tfmem_budget", "Budget"), ("tfmem_use", "Use"))
+NO_VALUES = ("-", "-", "-")  # a test not measured
 # The results table's own columns end with pytest-html's links: ours go before them.
 _BEFORE_LINKS = -1
 
@@ -50,8 +52,14 @@ class HtmlReport:
     def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
         if not self.columns:
             return
-        record = record_from_report(report)
-        values = table_values(record) if record is not None else ("-", "-", "-")
+        # pytest-html makes a test's rows once its teardown is logged: the record is off its
+        # reports by then (``core.record.unpublish``), and the flat figures read the same
+        properties = dict(report.user_properties)
+        peak, budget = properties.get(PEAK_PROPERTY), properties.get(BUDGET_PROPERTY)
+        values = NO_VALUES
+        if isinstance(peak, int):
+            budget = budget if isinstance(budget, int) else None
+            values = (format_size(peak), format_size(budget), use_percent(peak, budget))
         row = [f'<td class="col-{name}">{escape(value)}</td>' for (name, _), value in zip(COLUMNS, values)]
         cells[_BEFORE_LINKS:_BEFORE_LINKS] = row
 

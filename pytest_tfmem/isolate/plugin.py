@@ -135,6 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
     isolation = TfmemIsolation(config)
     config.pluginmanager.register(isolation, "tfmem-isolation")
     manager(config).add_summary(Summary.ISOLATE, isolation.write_summary)
+    manager(config).add_reader(IsolatedRecords, IsolatedRecords)
     if role.writes_session_outputs:
         isolation.warn_about_global_limits()
 
@@ -493,18 +494,13 @@ class TfmemIsolation:
 
     # -- the summary of isolated tests ------------------------------------------------------
 
-    @property
-    def isolated_records(self) -> list[TestRecord]:
-        """The records of the tests run isolated (one per test: pytest-rerunfailures' last attempt)."""
-        return [record for record in manager(self.config).records if "isolated" in record.extra]
-
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.limit_summary is not None:
             self.limit_summary.read(report)
 
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        isolated_records = self.isolated_records
+        isolated_records = manager(self.config).reader(IsolatedRecords).records
         if self.auto:
             terminalreporter.write_sep("=", f"tfmem: {ISOLATE.cli}={AUTO}")
             terminalreporter.write_line(f"tfmem: {self.auto_note}")
@@ -522,6 +518,18 @@ class TfmemIsolation:
         terminalreporter.write_sep("=", "tfmem: isolated tests (measured in the child; the child's own peak)")
         for line in render_table(isolated_rows(isolated_records)):
             terminalreporter.write_line(line)
+
+
+class IsolatedRecords:
+    """The records of the tests run isolated (one per test: pytest-rerunfailures' last attempt),
+    gathered one record at a time (``TfmemManager.reader``)."""
+
+    def __init__(self) -> None:
+        self.records: list[TestRecord] = []
+
+    def add(self, record: TestRecord) -> None:
+        if "isolated" in record.extra:
+            self.records.append(record)
 
 
 def _report_made_here(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:

@@ -7,7 +7,8 @@ One JSON object per line, in the order things happened:
 - ``reading``: the running test's process tree RSS now and its sampled peak so far, every
   second, and at once when the peak has grown by 10% (at least 16 MiB) since the last
   reading written;
-- ``finish``: a test ended: outcome, duration, the failure's first line, its tfmem record;
+- ``finish``: a test ended: outcome, duration, the failure's first line, its tfmem record; a
+  test that passed within every limit gets a short line: its outcome, duration and peak;
 - ``end``: the session ended, with its exit status.
 
 Every line but the first carries the session's id and the time; lines of pytest-xdist workers

@@ -18,12 +18,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from pytest_tfmem.core import processes, settings
 from pytest_tfmem.core.manager import manager
-from pytest_tfmem.core.record import record_from_report
+from pytest_tfmem.core.record import TestRecord, record_from_report
 from pytest_tfmem.core.subtests import subtest_description
 from pytest_tfmem.journal.format import (
     RESULTS,
@@ -111,6 +112,7 @@ class ReadingsThread:
 @dataclass
 class _TestOutcome:
     reports: list[pytest.TestReport] = field(default_factory=list)
+    record: TestRecord | None = None  # the call report's, read as it is logged (then it is taken off)
 
     def outcome(self) -> str:
         for report in self.reports:
@@ -187,7 +189,10 @@ class TfmemJournal:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # A subtest's report is not its test's: a failed subtest fails the test's own report too.
         if report.nodeid in self._outcomes and subtest_description(report) is None:
-            self._outcomes[report.nodeid].reports.append(report)
+            outcome = self._outcomes[report.nodeid]
+            outcome.reports.append(report)
+            if report.when == "call":
+                outcome.record = record_from_report(report)
 
     @pytest.hookimpl
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
@@ -195,17 +200,21 @@ class TfmemJournal:
             return
         sampled_peak = self.readings.end()
         outcome = self._outcomes.pop(nodeid)
-        record = next((record_from_report(r) for r in outcome.reports if r.when == "call"), None)
-        entry = {
+        record = outcome.record
+        entry: dict[str, Any] = {
             "event": "finish",
             "worker": self.worker,
             "nodeid": nodeid,
             "outcome": outcome.outcome(),
             "duration_s": round(sum(report.duration for report in outcome.reports), 3),
             "sampled_peak": sampled_peak,
-            "message": outcome.message(),
-            "record": record.to_dict() if record is not None else None,
         }
+        if entry["outcome"] == "passed" and (record is None or not record.failed_verdicts):
+            if record is not None and record.measurement is not None:  # within every limit: its peak is the story
+                entry["peak"] = record.measurement.peak
+        else:
+            entry["message"] = outcome.message()
+            entry["record"] = record.to_dict() if record is not None else None
         self.journal.append(entry, sync=True)
 
     @pytest.hookimpl(trylast=True)  # after the other plugins' end of session (pytest-xdist's workers)

@@ -36,7 +36,7 @@ from pytest_tfmem.core import features, measure, processes, settings
 from pytest_tfmem.core.features import Summary, Teardown, TeardownStep
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.pytest_internals import release_fixture_values
-from pytest_tfmem.core.record import TestRecord, publish, session_account
+from pytest_tfmem.core.record import RetainedFigures, TestRecord, publish
 from pytest_tfmem.core.retained import (
     FIXTURE,
     IMPORT,
@@ -94,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(config.stash[_BOOKS], "tfmem-session")
     manager(config).add_teardown_step(TeardownStep(Teardown.BOOKS, config.stash[_BOOKS].close))
     manager(config).add_summary(Summary.SESSION, config.stash[_BOOKS].write_summary)
+    manager(config).add_reader(RetainedFigures, RetainedFigures)
 
 
 def books(config: pytest.Config) -> SessionBooks:
@@ -326,7 +327,7 @@ class SessionBooks:
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not processes.role(self.config).writes_session_outputs:
             return
-        account = session_account(manager(self.config).records)
+        account = manager(self.config).reader(RetainedFigures).account()
         lines = account_lines(account, always=self.clear_session)
         if lines:
             terminalreporter.write_sep("=", "tfmem: what the tests left behind")

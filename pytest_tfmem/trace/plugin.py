@@ -112,6 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
     step = CallStep(Step.TRACE, trace.trace_own_run, profiles=trace.traces_own_run, sections=trace.report_sections)
     manager(config).add_step(step)
     manager(config).add_summary(Summary.TRACE, trace.write_summary)
+    manager(config).add_reader(TracedTests, TracedTests)
 
 
 class TracePlugin:
@@ -247,15 +248,33 @@ class TracePlugin:
             pass
 
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        traced = [(r, trace) for r in manager(self.config).records if (trace := TraceHandoff.of(r)) is not None]
-        if not traced:
+        traced = manager(self.config).reader(TracedTests)
+        if not traced.count:
             return
-        failing = [(record, trace) for record, trace in traced if record.outcome == "failed"]
         session = self.settings.root / self.session_name
-        terminalreporter.write_sep("=", f"tfmem: {len(traced)} TensorBoard trace(s), {len(failing)} of failing tests")
-        for record, trace in failing:
-            terminalreporter.write_line(f"{record.nodeid}  {self._shown(Path(trace.directory))}")
+        terminalreporter.write_sep(
+            "=", f"tfmem: {traced.count} TensorBoard trace(s), {len(traced.failing)} of failing tests"
+        )
+        for nodeid, trace in traced.failing:
+            terminalreporter.write_line(f"{nodeid}  {self._shown(Path(trace.directory))}")
         terminalreporter.write_line(f"open them: {tensorboard_command(self._shown(session))}")
+
+
+class TracedTests:
+    """The session's traces, gathered one record at a time (``TfmemManager.reader``): how many,
+    and the failing tests' with where they are."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.failing: list[tuple[str, TraceHandoff]] = []
+
+    def add(self, record: TestRecord) -> None:
+        trace = TraceHandoff.of(record)
+        if trace is None:
+            return
+        self.count += 1
+        if record.outcome == "failed":
+            self.failing.append((record.nodeid, trace))
 
 
 def section_lines(info: dict[str, Any]) -> list[str]:
