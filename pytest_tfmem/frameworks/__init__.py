@@ -143,16 +143,16 @@ def flat_loop_advice(holder: str) -> str | None:
     return None
 
 
-def named_items() -> NamedItems | None:
+def named_items() -> tuple[Framework, NamedItems] | None:
     """The holder with named items (TensorFlow's function library) of the first started
-    framework that has one."""
+    framework that has one, and that framework."""
     for framework in started():
         try:
             items = framework.named_items()
         except Exception:  # shutting down, or internals that moved: say nothing
             continue
         if items is not None:
-            return items
+            return framework, items
     return None
 
 

@@ -244,8 +244,10 @@ class GrowthTracker:
         self._types.observe(counts)
 
         self._steps += 1
-        items = frameworks.named_items()
-        if items is not None:
+        found = frameworks.named_items()
+        named_by = None
+        if found is not None:
+            named_by, items = found
             if self._library is not None:
                 self._library_steps += 1
             self._library = (items.count if self._library is None else self._library[0], items.count)
@@ -253,8 +255,10 @@ class GrowthTracker:
             self._kinds.observe(dict(items.kinds))
             self._traces.observe(dict(items.traces))
         self._names.observe(keras_name_counters())
+        # each framework's holders read once a step: the one with named items was read above
+        others = [framework for framework in frameworks.loaded() if framework is not named_by]
         self._holders.observe({
-            name: holder.count for name, holder in frameworks.holders().items() if name != self._library_name
+            name: holder.count for name, holder in frameworks.holders(others).items() if name != self._library_name
         })
 
     def diagnosis(self) -> LeakDiagnosis:
