@@ -72,15 +72,27 @@ def markers(script: str) -> tuple[str, str]:
     return f"<!-- {script}: begin -->", f"<!-- {script}: end -->"
 
 
+def section_of(path: Path, script: str) -> str | None:
+    """The part of the page at ``path`` that ``script`` writes, its markers included, or ``None``:
+    a script that writes the whole page keeps it."""
+    begin, end = markers(script)
+    page = path.read_text() if path.exists() else ""
+    if begin not in page or end not in page:
+        return None
+    return begin + page.split(begin, 1)[1].split(end, 1)[0] + end
+
+
 def write_section(path: Path, script: str, text: str, title: str) -> None:
     """Put ``text`` between ``script``'s markers in the page at ``path`` (the rest of the page is
-    kept), or write a page of its own, headed ``title``, where the file has no markers."""
+    kept), at the end of a page without them, or in a page of its own, headed ``title``."""
     begin, end = markers(script)
     page = path.read_text() if path.exists() else ""
     if begin in page and end in page:
         before, rest = page.split(begin, 1)
         after = rest.split(end, 1)[1]
         page = f"{before}{begin}\n{text}{end}{after}"
+    elif page:
+        page = f"{page.rstrip()}\n\n{begin}\n{text}{end}\n"
     else:
         page = f"# {title}\n\n{begin}\n{text}{end}\n"
     write_text_atomic(path, page)

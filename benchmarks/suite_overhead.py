@@ -204,6 +204,7 @@ class Run:
     cpu_s: float
     gc_s: float  # CPU time in garbage collection, Python's own and tfmem's (``gc_clock``)
     drift: dict[int, float]
+    peak_bytes: int  # the session's largest resident size (``os.wait4``'s ``ru_maxrss``)
 
 
 def write_suites(root: Path, keras_tests: int, trivial_tests: int, names: list[str] | None = None) -> dict[str, Path]:
@@ -285,7 +286,8 @@ def start_session(suite: Path, with_plugin: bool, core: int, bytecode: Path) -> 
 
 
 def finished_run(session: Started, status: int, usage: resource.struct_rusage) -> Run:
-    """A session's CPU time (``os.wait4``: its own and its children's), GC time and drift readings."""
+    """A session's CPU time (``os.wait4``: its own and its children's), largest size, GC time and
+    drift readings."""
     session.process.returncode = os.waitstatus_to_exitcode(status)
     if session.process.returncode != 0:
         how = "with" if session.with_plugin else "without"
@@ -297,7 +299,7 @@ def finished_run(session: Started, status: int, usage: resource.struct_rusage) -
             index, mib = line.split()
             drift[int(index)] = float(mib)
     gc_s = float((session.suite / "gc.txt").read_text())
-    return Run(usage.ru_utime + usage.ru_stime, gc_s, drift)
+    return Run(usage.ru_utime + usage.ru_stime, gc_s, drift, usage.ru_maxrss * 1024)  # KiB on Linux
 
 
 def run_pairs(
@@ -405,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             "`json`). The profiler slows Python code more than system calls: read the shares. See "
             "`benchmarks/per_test_profile.py`.\n\n" + profiled + PER_TEST_WORK
         )
-        write_text_atomic(args.output, heading + table + profile + "\n")
+        scale = machine.section_of(Path(args.output), "suite_scale.py")  # written by benchmarks/suite_scale.py
+        write_text_atomic(args.output, heading + table + profile + "\n" + (f"\n{scale}\n" if scale else ""))
     return 0
 
 

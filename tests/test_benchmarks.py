@@ -19,7 +19,7 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 if str(REPOSITORY) not in sys.path:  # benchmarks/ sits beside the package, it is not installed
     sys.path.insert(0, str(REPOSITORY))
 
-from benchmarks import tables  # noqa: E402
+from benchmarks import machine, tables  # noqa: E402
 from benchmarks.contenders import LEAK_MEMRAY, LEAK_TFMEM_TIGHT  # noqa: E402
 from benchmarks.runner import Job, JobResult  # noqa: E402
 
@@ -143,6 +143,31 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
     assert "RSS of `drift` (each test leaves 1 MiB of cyclic garbage) above its level at test 20" in written
     profile = written.split("## Where a test's time goes")[1]
     assert "| `core/measure.py` | " in profile and "| all of pytest-tfmem | " in profile
+
+
+@pytest.mark.slow  # four sessions of up to 400 trivial tests, two of them importing TensorFlow: about 40 s
+def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_script_keeps_them(tmp_path):
+    page = tmp_path / "overhead.md"
+    page.write_text("# What measuring every test costs\n\nthe overhead table\n")
+    completed = subprocess.run(
+        [sys.executable, str(REPOSITORY / "benchmarks" / "suite_scale.py"), "--sizes", "1,400",
+         "--frameworks", "none,tensorflow", "--output", str(page)],
+        capture_output=True, text=True, timeout=600, cwd=REPOSITORY, check=False,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    written = page.read_text()
+    assert written.startswith("# What measuring every test costs\n\nthe overhead table\n")  # the rest kept
+    scale = written.split("<!-- suite_scale.py: begin -->")[1]
+    assert "## At scale\n\nWritten by `python benchmarks/suite_scale.py --sizes 1,400" in scale
+    rows = {(cells[0], cells[1]): cells for line in scale.splitlines()
+            if (cells := [cell.strip() for cell in line.strip().strip("|").split("|")])[0] in ("none", "tensorflow")}
+    for framework in ("none", "tensorflow"):
+        start, more = rows[(framework, "1")], rows[(framework, "400")]
+        assert start[5] == start[9] == "-" and more[5].endswith(" ms") and more[9].endswith(" B"), (start, more)
+        # the measured session is the larger, and every passing test wrote a short journal line
+        assert float(more[9].replace(",", "").split()[0]) > -2000 and int(more[10].replace(",", "").split()[0]) < 600
+    assert machine.section_of(page, "suite_scale.py") == "<!-- suite_scale.py: begin -->" + scale.split(
+        "<!-- suite_scale.py: end -->")[0] + "<!-- suite_scale.py: end -->"
 
 
 def test_a_page_says_when_its_timings_were_taken_on_a_busy_machine():

@@ -1,0 +1,142 @@
+"""What pytest-tfmem costs as a suite grows: time and memory per test at 1 to 100,000 tests.
+
+    python benchmarks/suite_scale.py                      # about 20 minutes on 2 cores
+    python benchmarks/suite_scale.py --sizes 1,1000,5000 --frameworks none
+
+Suites of trivial tests (one parametrized function that does nothing), in a module that imports
+nothing (``none``) or TensorFlow and Keras (``tensorflow``, the runtime started), each run as a
+whole session without the plugin (``-p no:tfmem``) and with ``--tfmem-budget=4GB`` (every test
+measured), the two at the same time on one core, as ``benchmarks/suite_overhead.py`` runs its
+pairs (its module docstring says why). For each session: its CPU time and its largest resident
+size (``os.wait4``), and the size of the results journal it wrote.
+
+Each row after a suite's first gives the *slopes* from the row before it: the extra CPU time
+and the extra memory of the session with tfmem, per test added. A one-test session's row gives
+the fixed start (the plugin's import, its set-up and its summary), on its own, so the slopes
+are what each test costs once a session runs. Memory that tfmem keeps per test shows as a
+memory slope above zero; a cost per test that grows with the suite's length shows as a time
+slope that rises from row to row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``pytest_tfmem`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import machine
+from benchmarks.suite_overhead import Run, run_pairs, warm_up
+from benchmarks.tables import markdown_table
+from pytest_tfmem.units import format_size
+
+PRELUDES = {
+    "none": "",
+    "tensorflow": "import tensorflow as tf\nimport keras\n\ntf.constant(1.0)  # the runtime started\n",
+}
+
+MODULE = '''import pytest
+{prelude}
+
+@pytest.mark.parametrize("index", range({count}))
+def test_trivial(index):
+    pass
+'''
+
+JOURNAL = Path(".tfmem") / "results.jsonl"
+DOCS_PAGE = Path("docs") / "suite-overhead.md"
+
+
+def write_suite(path: Path, framework: str, count: int) -> Path:
+    path.mkdir(parents=True)
+    (path / "pytest.ini").write_text("[pytest]\n")
+    (path / "test_trivial.py").write_text(MODULE.format(prelude=PRELUDES[framework], count=count))
+    return path
+
+
+def job_name(framework: str, count: int) -> str:
+    return f"{framework}-{count}"
+
+
+def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[bool, Run]]],
+         journals: dict[str, int]) -> list[list[str]]:
+    """One row per suite: its sessions' figures, and the slopes from the row before it."""
+    table = []
+    for framework in frameworks:
+        before: tuple[int, float, int] | None = None  # tests, extra CPU s, extra bytes
+        for count in sizes:
+            pair = pairs[job_name(framework, count)][0]
+            plain, measured = pair[False], pair[True]
+            extra_s, extra_bytes = measured.cpu_s - plain.cpu_s, measured.peak_bytes - plain.peak_bytes
+            if before is None:
+                time_slope = memory_slope = "-"
+            else:
+                added = count - before[0]
+                time_slope = f"{(extra_s - before[1]) / added * 1000:+.2f} ms"
+                memory_slope = f"{(extra_bytes - before[2]) / added:+,.0f} B"
+            table.append([
+                framework, f"{count:,}", f"{plain.cpu_s:.2f} s", f"{measured.cpu_s:.2f} s", f"{extra_s:+.2f} s",
+                time_slope, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
+                f"{format_size(extra_bytes)}", memory_slope, f"{journals[job_name(framework, count)] / count:,.0f} B",
+            ])
+            before = (count, extra_s, extra_bytes)
+    return table
+
+
+HEADER = ["imports", "tests", "CPU without", "CPU with", "extra CPU", "extra CPU per test added",
+          "peak without", "peak with", "extra peak", "extra peak per test added", "journal per test"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,1000,10000,100000",
+                        help="comma-separated numbers of tests, smallest first (default 1,1000,10000,100000)")
+    parser.add_argument("--frameworks", default="none,tensorflow",
+                        help=f"comma-separated, of {', '.join(PRELUDES)} (default both)")
+    parser.add_argument("--output", help=f"also write the table into this Markdown page (as {DOCS_PAGE})")
+    args = parser.parse_args(argv)
+    sizes = sorted(int(size) for size in args.sizes.split(","))
+    frameworks = args.frameworks.split(",")
+    if not set(frameworks) <= set(PRELUDES):
+        parser.error(f"--frameworks: unknown {sorted(set(frameworks) - set(PRELUDES))}; known: {', '.join(PRELUDES)}")
+    cores = sorted(os.sched_getaffinity(0))
+    jobs = [job_name(framework, count) for framework in frameworks for count in reversed(sizes)]  # longest first
+    with tempfile.TemporaryDirectory(prefix="tfmem-suite-scale-") as temporary:
+        root = Path(temporary)
+        suites = {
+            core: {
+                side: {
+                    job_name(framework, count): write_suite(root / f"core{core}-{side}-{framework}-{count}", framework,
+                                                            count)
+                    for framework in frameworks for count in sizes
+                }
+                for side in (False, True)
+            }
+            for core in cores
+        }
+        bytecode = root / "bytecode"
+        warm_up(root, bytecode)
+        pairs = run_pairs(jobs, suites, bytecode)
+        journals = {
+            job: next(
+                (suite[True][job] / JOURNAL).stat().st_size
+                for suite in suites.values() if (suite[True][job] / JOURNAL).exists()
+            )
+            for job in jobs
+        }
+    text = "\n".join(markdown_table(HEADER, rows(frameworks, sizes, pairs, journals))) + "\n"
+    print(text)
+    if args.output:
+        intro = (f"## At scale\n\n{machine.written_by('benchmarks/suite_scale.py', argv)}. Trivial tests, each "
+                 "suite one session without and one with tfmem at the same time on one core; the slopes are from the "
+                 "row above. See the module docstring of `benchmarks/suite_scale.py`.\n\n")
+        machine.write_section(Path(args.output), "suite_scale.py", intro + text, "What measuring every test costs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
