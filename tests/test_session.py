@@ -129,7 +129,9 @@ def test_the_terminal_gives_the_account_and_the_clear_session_line(numpy_run: Ru
     assert section[2].startswith("  test test_suite.py::test_keeps_a_cache +6")
     assert "list '_CACHE' (global of test_suite) +1 item: ndarray 60.0 MiB" in section[2]
     assert any(line.startswith("  fixture big_table (module scope) ") and "held +40.0 MiB" in line for line in section)
-    assert any(line.startswith("--tfmem-clear-session gave back ") and " over 7 tests" in line for line in section)
+    clearing = next(line for line in section if line.startswith("--tfmem-clear-session freed "))
+    growth = section[0].split(" (", 1)[1].split(")", 1)[0]  # the process line's net growth: (+140.7 MiB)
+    assert f" in 7 clearings (their sum); the process grew {growth}" in clearing, (clearing, section[0])
     assert numpy_run.report["session"]["cleared_bytes"] is not None
 
 
@@ -244,7 +246,7 @@ def test_tensors_back_in_tensorflows_pool_do_not_count_and_live_ones_do_and_kera
     assert dropped["retained"]["after"]["tf_pool"] - dropped["retained"]["before"]["tf_pool"] >= 20 * MIB
     assert abs(alive["retained_tf_bytes"] - 10 * MIB) < NOISE and abs(alive["retained_host_bytes"]) < NOISE
     assert abs(cleared["retained_tf_bytes"] + 10 * MIB) < NOISE
-    assert "--tfmem-clear-session gave back " in done.stdout and " over 5 tests" in done.stdout
+    assert "--tfmem-clear-session freed " in done.stdout and " in 5 clearings (their sum); the process grew " in done.stdout
 
 
 def test_the_resident_pool_grows_by_no_more_than_rss_did_and_never_shrinks():

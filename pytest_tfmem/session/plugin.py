@@ -9,7 +9,8 @@ pytest-xdist controller like every figure), and the checks on it (``--tfmem-max-
 baseline's retained figure) fail the test as an error at its teardown.
 
 ``--tfmem-clear-session`` cleans up after each test (Keras's ``clear_session``, TensorFlow's
-default graph, a collection) and the summary says what that gave back.
+default graph, a collection) and the summary says what the clearings freed in all, beside how
+the process grew.
 
 What other parts of a session read here: ``manager(config).last_boundary`` (a
 ``core.retained.Boundary``), the process after the last measured test's teardown with that
@@ -73,7 +74,7 @@ STAYED_THRESHOLD = settings.Option(
 CLEAR_SESSION = settings.Option(
     "clear_session",
     "after each test: keras.backend.clear_session() (Keras 3 and tf-keras, where loaded), TensorFlow's "
-    "default graph reset, a garbage collection; the summary says what it gave back (default off)",
+    "default graph reset, a garbage collection; the summary says what the clearings freed (default off)",
     settings.parse_bool,
     False,
     flag=True,

@@ -56,8 +56,12 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
             lines.append(f"  {retainer.kind} {retainer.name}{where} {_signed(retainer.bytes)}{what}")
     cleared = account.cleared
     if cleared is not None:
+        # One clearing after each test: what a test makes again after one (JAX's compiled code) is
+        # freed again by the next, so the sum is no saving; the process's net growth stands beside it.
         tests = sum(len(process.tests) for process in account.processes)
-        lines.append(f"--tfmem-clear-session gave back {format_size(max(cleared, 0))} over {tests} tests"
+        grown = "the process" if len(account.processes) == 1 else f"the {len(account.processes)} processes"
+        lines.append(f"--tfmem-clear-session freed {format_size(max(cleared, 0))} in {tests} clearings (their sum); "
+                     f"{grown} grew {_signed(account.growth)}"
                      + (f" (the level rose {format_size(-cleared)} while clearing)" if cleared < 0 else ""))
         if account.cleared_by:
             lines.append("  after each test: " + ", ".join(account.cleared_by))
