@@ -91,6 +91,7 @@ def test_a_failure_that_is_not_the_verdict_counts_as_an_error_not_a_detection():
     assert tables.leak_figures(results, LEAK_MEMRAY).caught[0.25] == (0, 0, 0)  # another contender's runs
 
 
+@pytest.mark.linux  # malloc_trim hands freed heap back: a 0.25 MB/iteration leak is caught 2 of 2 times
 @pytest.mark.longest
 @pytest.mark.slow
 def test_every_workload_runs_and_every_table_renders(tmp_path):

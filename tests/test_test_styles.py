@@ -76,6 +76,7 @@ class ParameterizedCase(parameterized.TestCase):
 '''
 
 
+@pytest.mark.linux  # exact marks: a set-up's peak read by sampling falls short of the 145 MiB it asserts
 def test_every_style_is_measured_and_held_to_the_budget(run_subprocess_records, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_styles=STYLES)
     result, records = run_subprocess_records("--tfmem-budget=100MB", "--tfmem-trace=off", "--doctest-modules", "test_styles.py")
