@@ -135,7 +135,9 @@ class TfmemManager:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.settings = settings.CoreSettings.from_config(config)
-        self.store = RecordStore()  # every measured test's record, on disk once complete
+        # Every measured test's record, on disk once complete: each pass over them reads them back
+        # (the files CI reads go through them; the summaries read them with ``reader``).
+        self.records = RecordStore()
         # Readers of every record at the session's end, by kind (``add_reader``), and the last
         # pass that fed them (the store's changes when it ran).
         self._reader_factories: dict[type[Any], Callable[[], Any]] = {HeaviestTests: self._heaviest_tests}
@@ -181,12 +183,6 @@ class TfmemManager:
         self.last_boundary: Boundary | None = None
         remove_inherited_ledgers()
 
-    @property
-    def records(self) -> RecordStore:
-        """Every measured test's record: each pass over them reads them back from disk, one at a
-        time (the reports CI reads go through them; the summaries read them with ``reader``)."""
-        return self.store
-
     def add_reader(self, kind: type[R], factory: Callable[[], R]) -> None:
         """A feature's reader of every record at the session's end: an object with ``add(record)``
         that keeps what its summary needs (``reader``). One pass over the records feeds them all."""
@@ -195,12 +191,12 @@ class TfmemManager:
     def reader(self, kind: type[R]) -> R:
         """The reader of ``kind``, fed every record: the first to ask runs the one pass (again
         only if a record came since)."""
-        if self._readers[0] != self.store.changes:
+        if self._readers[0] != self.records.changes:
             readers = {known: factory() for known, factory in self._reader_factories.items()}
-            for record in self.store:
+            for record in self.records:
                 for reader in readers.values():
                     reader.add(record)
-            self._readers = (self.store.changes, readers)
+            self._readers = (self.records.changes, readers)
         found: R = self._readers[1][kind]
         return found
 
@@ -509,7 +505,7 @@ class TfmemManager:
         if report.when == "call" and not self.subtests.ended(report):
             record = record_from_report(report)
             if record is not None:
-                self.store.add(record)
+                self.records.add(record)
                 if report.failed and record.failed_verdicts:
                     self._failed_calls[report.nodeid] = report
             self.not_measured += [
@@ -517,14 +513,14 @@ class TfmemManager:
             ]
         elif report.when == "teardown":
             self._add_retained(report)
-            self.store.close(report.nodeid)
+            self.records.close(report.nodeid)
 
     def _add_retained(self, report: pytest.TestReport) -> None:
         """What the test left behind, and the verdicts on it, come with its teardown report."""
         after_teardown = record_from_report(report)
         if after_teardown is None or after_teardown.retained is None:
             return
-        record = self.store.open_record(report.nodeid)
+        record = self.records.open_record(report.nodeid)
         failed_call = self._failed_calls.pop(report.nodeid, None)
         if record is not None:
             added = [v for v in after_teardown.verdicts[len(record.verdicts):] if not v.ok]
@@ -541,7 +537,7 @@ class TfmemManager:
             write(terminalreporter)
 
     def _write_table(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if self.store:
+        if self.records:
             terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
             for line in render_table(self.reader(HeaviestTests).rows(subtests=self.settings.subtests)):
                 terminalreporter.write_line(line)
@@ -551,7 +547,7 @@ class TfmemManager:
                 terminalreporter.write_line(f"  {nodeid}: {why}")
 
     def pytest_unconfigure(self) -> None:
-        self.store.remove()
+        self.records.remove()
         if self._imports is not None:
             self._imports.uninstall()
         if self.collector.freezing:
