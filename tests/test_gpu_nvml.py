@@ -175,6 +175,33 @@ def test_readings_from_two_threads_do_not_lose_the_peak():
     assert source.peak() == 5 * GiB and source.current() == 0
 
 
+
+def test_a_reading_taken_before_a_reset_does_not_count_in_the_next_window(monkeypatch: pytest.MonkeyPatch):
+    """A sampler thread that read the previous window's level and lost the CPU before folding it
+    in must not hand that level to the window opened meanwhile."""
+    fake, nvml = open_fake([FakeGpu("Fake T4", 16 * GiB)])
+    (source,) = process_sources(nvml)
+    fake.hold(0, ME, 5 * GiB)
+    taken, reset = threading.Event(), threading.Event()
+    list_processes = fake.nvmlDeviceGetComputeRunningProcesses
+
+    def held_after_reading(handle: FakeGpu) -> list:
+        processes = list_processes(handle)
+        if threading.current_thread().name == "held reader":
+            taken.set()
+            reset.wait(5)
+        return processes
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetComputeRunningProcesses", held_after_reading)
+    reader = threading.Thread(target=source.read, name="held reader")
+    reader.start()
+    assert taken.wait(5)
+    fake.release(0, ME)
+    source.reset_peak()
+    reset.set()
+    reader.join()
+    assert source.peak() == 0
+
 # -- the plugin, in a subprocess whose ``pynvml`` is the fake ---------------------------------
 
 FAKE_PYNVML = """

@@ -69,6 +69,39 @@ def test_sampled_where_the_platform_keeps_no_mark():
     assert tracker.method(window) == "sampled"
 
 
+class ReadingAcrossAReset(Portable):
+    """A portable platform whose sampler reads a size, then is held until the window was reset:
+    what a loaded machine does when the sampling thread loses the CPU between read and store."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.hold_next_sample = False
+        self.sample_read = threading.Event()
+        self.reset_done = threading.Event()
+
+    def current_size(self) -> int:
+        size = self.size
+        if self.hold_next_sample and threading.current_thread().name == "tfmem-rss-sampler":
+            self.hold_next_sample = False
+            self.sample_read.set()
+            self.reset_done.wait(5)
+        return size
+
+
+def test_a_sample_read_before_a_reset_does_not_count_in_the_next_window():
+    platform = ReadingAcrossAReset(size=300 * MIB)  # the previous test's level
+    source = host.HostRSS(platform)
+    platform.hold_next_sample = True
+    assert platform.sample_read.wait(5)
+    platform.size = 50 * MIB  # the previous test freed its data; the next window opens
+    source.reset_peak()
+    platform.reset_done.set()
+    time.sleep(0.02)  # the held sample lands, then a few more at the new level
+    assert source.peak() == 50 * MIB
+    source._sampler.stop()
+
+
 def test_a_lifetime_mark_is_exact_for_the_window_that_raised_it():
     """Linux's own VmHWM with clear_refs unwritable: the process's lifetime mark (what Windows and
     macOS < 10.14 keep). A window that raises it reads it exactly; one below it is sampled."""

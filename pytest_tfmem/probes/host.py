@@ -11,6 +11,7 @@ for the windows that did not; with no mark at all (the portable platform), the s
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable
 
 from pytest_tfmem import platforms
@@ -77,13 +78,19 @@ class HostRSS:
         self.counts = self.platform.counts
         self.exact = self.method == EXACT
         self._sampled_peak = 0
+        self._window = 0  # which window a sample belongs to: one read before a reset is not the new window's
+        self._lock = threading.Lock()
         self._mark_at_reset = 0
         self._sampler: Sampler | None = None
         if not self.exact:
             self._sampler = Sampler(self._sample, SAMPLE_INTERVAL_S, "tfmem-rss-sampler").start()
 
     def _sample(self) -> None:
-        self._sampled_peak = max(self._sampled_peak, self.platform.current_size())
+        window = self._window
+        size = self.platform.current_size()
+        with self._lock:
+            if window == self._window:
+                self._sampled_peak = max(self._sampled_peak, size)
 
     def current(self) -> int:
         return self.platform.current_size()
@@ -102,7 +109,9 @@ class HostRSS:
         if self.exact:
             self.platform.reset_peak_mark()
             return
-        self._sampled_peak = 0
+        with self._lock:
+            self._window += 1
+            self._sampled_peak = 0
         if self.method == EXACT_IF_RAISED:
             self._mark_at_reset = self.lifetime_mark()
 

@@ -154,9 +154,11 @@ class GpuProcessMemory:
         self._lock = threading.Lock()
         self._last = 0
         self._peak = 0
+        self._window = 0  # which window a reading belongs to: one taken before a reset is not the new window's
 
     def read(self) -> int:
         """Take a reading, fold it into the peak, return it (the sampler calls this too)."""
+        window = self._window
         try:
             value = self._nvml.process_memory(self.index)
         except self._nvml.error as error:
@@ -169,6 +171,8 @@ class GpuProcessMemory:
                     "unavailable, e.g. Windows WDDM or missing permissions)"
                 )
         with self._lock:
+            if window != self._window:
+                return self._last
             if value is not None:
                 self._last = value
             self._peak = max(self._peak, self._last)
@@ -184,6 +188,7 @@ class GpuProcessMemory:
     def reset_peak(self) -> None:
         reading = self.read()
         with self._lock:
+            self._window += 1
             self._peak = reading
 
 
