@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -216,3 +217,41 @@ def test_bad_marker_arguments_are_usage_errors(pytester: pytest.Pytester, marker
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+JAX_OVER_BUDGET = """
+import jax.numpy as jnp
+import pytest
+
+@pytest.mark.tfmem(budget="100MB", explain=True)
+def test_jax_on_cpu():
+    big = jnp.ones((300 * 10**6 // 4,), dtype=jnp.float32)  # 300 MB
+    assert float(big[0]) == 1.0
+"""
+
+TOOLS_IMPORTED = """
+import sys
+
+def pytest_unconfigure(config):
+    tools = ("xprof", "tensorboard", "matplotlib", "tensorflow")
+    print("tools imported:", sorted(name for name in tools if name in sys.modules))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
+def test_jax_on_cpu_says_it_has_no_op_table_and_imports_none_of_our_tools(run_subprocess_records,
+                                                                          pytester: pytest.Pytester):
+    """Explained and traced, a JAX test's process imports no trace reader (xprof), nor TensorBoard
+    or matplotlib for the timeline (drawn in a process of its own), nor TensorFlow."""
+    pytester.makepyfile(test_jax=JAX_OVER_BUDGET)
+    pytester.makeconftest(TOOLS_IMPORTED)
+    result, records = run_subprocess_records()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*big = jnp.ones(*",
+        "memory timeline: TensorBoard scalars memory/host_rss_mib, memory/budget_mib; *timeline.png",
+        "tools imported: []",
+    ])
+    explanation = records["test_jax_on_cpu"].extra["explain"]
+    assert "no op table: JAX on CPU records no allocations in its trace (only its GPU allocator does)" in explanation["notes"]
+    assert explanation["lines"], explanation

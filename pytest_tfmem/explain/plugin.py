@@ -210,7 +210,7 @@ class ExplainPlugin:
         functions, notes = traced_functions(item, request.functions)
         framework = frameworks.primary()
         profiler = None
-        if profile and framework is not None:
+        if profile and framework is not None and not framework.no_memory_profile():
             profiler = ProfilerCapture(framework, Path(tempfile.mkdtemp(prefix="tfmem-explain-")))
             profiler.start()
         run = TracedRun(how, LineTracer(functions, line_trackers()), profiler, notes)
@@ -270,17 +270,25 @@ class ExplainPlugin:
     def explain(self, item: pytest.Item, request: ExplainRequest, record: TestRecord, run: TracedRun) -> None:
         """Read the failed test's traced run (its TF trace too) and publish the explanation."""
         trace = TraceHandoff.of(record)  # what the trace feature left, if it traced the test
+        framework = run.profiler.framework if run.profiler is not None else frameworks.primary()
         trace_files = [Path(trace.directory) / name for name in trace.profiler_files] if trace else []
         if trace and trace_files:
             source = "the test's TensorBoard trace (" + (
                 "its re-run by the trace feature)" if trace.traced == "rerun" else "its own run)")
             profile_files = trace_files
         else:
-            source = "TensorFlow's profiler during " + ("the re-run" if run.how == RERUN else "the test's own run")
+            profiler_name = framework.name if framework is not None else "TensorFlow"
+            run_name = "the re-run" if run.how == RERUN else "the test's own run"
+            source = f"{profiler_name}'s profiler during {run_name}"
             profile_files = list(run.profiler.files) if run.profiler is not None else []
             if run.profiler is not None and not profile_files:
                 run.notes.append(run.profiler.message)
-        allocators = _tensorflow_peaks(profile_files, request.top, run.notes)
+        no_profile = framework.no_memory_profile() if framework is not None else ""
+        if no_profile:
+            run.notes.append(f"no op table: {no_profile}")
+            allocators = []
+        else:
+            allocators = _tensorflow_peaks(profile_files, request.top, run.notes)
         lines = run.tracer.results()
         _publish(item, record, explanation(record, run, lines, allocators, source), lines, allocators, trace)
 

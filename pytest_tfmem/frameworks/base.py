@@ -158,3 +158,9 @@ class Framework(Protocol):
     def profile_description(self) -> str:
         """What the trace files are and how to open them."""
         ...
+
+    def no_memory_profile(self) -> str:
+        """Why its trace holds no allocator memory profile (xprof's ``memory_profile`` tool) on
+        the devices it uses now, in a sentence; ``""`` where it holds one. Asked before the
+        reader is imported: a trace with nothing to read costs no import."""
+        ...

@@ -174,6 +174,11 @@ class Jax:
     def profile_description(self) -> str:
         return "JAX profiler trace (Profile tab in TensorBoard)"
 
+    def no_memory_profile(self) -> str:
+        if not self.runtime_started() or any(self.is_gpu_view(view.name) for view in self.device_views()):
+            return ""  # XLA's GPU allocator records its allocations (not started: not known yet)
+        return "JAX on CPU records no allocations in its trace (only its GPU allocator does)"
+
 
 def _code_size(executable: Any) -> int:
     """The executable's generated code in bytes, where JAX says (0 on CPU)."""

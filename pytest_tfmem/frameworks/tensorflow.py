@@ -247,3 +247,6 @@ class TensorFlow:
 
     def profile_description(self) -> str:
         return "TensorFlow profiler trace (Profile tab in TensorBoard)"
+
+    def no_memory_profile(self) -> str:
+        return ""  # its allocators record every allocation at host_tracer_level 2, CPU's too

@@ -167,3 +167,6 @@ class Torch:
             "PyTorch profiler trace with memory events (*.pt.trace.json: open it in "
             "https://ui.perfetto.dev or chrome://tracing)"
         )
+
+    def no_memory_profile(self) -> str:
+        return "PyTorch's trace keeps its memory events for Perfetto, not in a profile xprof reads"

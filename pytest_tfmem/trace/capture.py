@@ -31,9 +31,9 @@ from pytest_tfmem.core.retained import CHILDREN_VIEW, children_size, running_chi
 from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.frameworks.profiler import ProfilerCapture
 from pytest_tfmem.trace import timeline as timeline_module
+from pytest_tfmem.trace.draw import draw
 from pytest_tfmem.trace.timeline import MemoryView, Timeline, TimelineSampler
 
-PNG = "timeline.png"
 OUTPUT = "output.txt"
 
 
@@ -99,26 +99,11 @@ def write_trace(capture: Capture, facts: TraceFacts) -> dict[str, Any]:
     timeline = capture.timeline.window(facts.measurement.duration_s, starts).without_idle(CHILDREN_VIEW)
     for view in timeline.views:
         starts.setdefault(view, timeline.values[view][0])
-    notes = list(facts.notes)
-    tags: list[str] = []
-    try:
-        tags = timeline_module.write_scalars(directory, timeline, starts, facts.budget)
-    except ImportError as error:
-        notes.append(f"no TensorBoard scalars: {error} (install pytest-tfmem[trace])")
-    except Exception as error:
-        notes.append(f"no TensorBoard scalars: {error!r}")
-    png = None
-    try:
-        timeline_module.plot_png(
-            directory / PNG, timeline, starts,
-            title=f"{facts.nodeid} ({'traced re-run' if facts.how == 'rerun' else 'traced run'})",
-            budget=facts.budget, exact_peak=facts.measurement.peak, verdict_peak=facts.verdict_peak,
-        )
-        png = PNG
-    except ImportError as error:
-        notes.append(f"no {PNG}: {error} (install pytest-tfmem[trace])")
-    except Exception as error:
-        notes.append(f"no {PNG}: {error!r}")
+    drawn = draw(
+        directory, timeline, starts,
+        title=f"{facts.nodeid} ({'traced re-run' if facts.how == 'rerun' else 'traced run'})",
+        budget=facts.budget, exact_peak=facts.measurement.peak, verdict_peak=facts.verdict_peak,
+    )  # fmt: skip
     if facts.output:
         write_text_atomic(directory / OUTPUT, facts.output)
     summary: dict[str, Any] = {
@@ -138,13 +123,13 @@ def write_trace(capture: Capture, facts: TraceFacts) -> dict[str, Any]:
             "files": [str(path.relative_to(directory)) for path in capture.profiler.files],
         },
         "timeline": {
-            "png": png,
-            "scalars": tags,
+            "png": drawn.png,
+            "scalars": drawn.tags,
             "interval_s": timeline.interval_s,
             "samples": len(timeline.times),
         },
         "output": OUTPUT if facts.output else None,
-        "notes": notes,
+        "notes": [*facts.notes, *drawn.notes],
         "tensorboard": tensorboard_command(str(directory)),
     }
     write_text_atomic(directory / TRACE_SUMMARY, json.dumps(summary, indent=2, sort_keys=True) + "\n")
