@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import inline_run_records
@@ -69,7 +71,7 @@ def test_the_failure_shows_the_growth_the_readings_and_the_growing_list(pytester
         "  growth per iteration  host RSS +9* KiB",
         "  growing types         none: the growth is not in gc-tracked Python objects *",
         "  growing containers    +1 items per iteration: list 'KEPT' (global of test_loops) holding ndarray (3 -> 13)",
-        "  host RSS readings     * MiB, then +1.0 +1.9 +2.9 * MiB",
+        "  host RSS readings     *, then +1.0 +1.9 +2.9 * MiB",
         "FAILED test_loops.py::test_leaking_loop* - tfmem: *",
     ])
 
@@ -183,3 +185,21 @@ def test_assert_no_leak_raises_LeakDetected_with_the_table(tfmem):
     assert message.startswith("tfmem: leak: +2.")  # 3 MB = 2.9 MiB
     assert "list 'kept'" in message and "host RSS readings" in message
     assert tfmem.leak_reports[-1].leaked
+
+
+class WarnsWhenLookedAt:
+    """Like ``torch.distributed.reduce_op``: any attribute read, ``__class__`` too, warns."""
+
+    def __getattribute__(self, name: str) -> object:
+        warnings.warn("this attribute is deprecated", FutureWarning, stacklevel=2)
+        return object.__getattribute__(self, name)
+
+
+def test_scanning_for_growing_containers_raises_no_warning_from_what_it_looks_at():
+    from pytest_tfmem.leaks.diagnosis import _container_lengths
+
+    looked_at = [WarnsWhenLookedAt(), [1, 2], {"a": 1}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lengths = _container_lengths(looked_at, set())
+    assert lengths == {id(looked_at[1]): 2, id(looked_at[2]): 1}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from itertools import compress, repeat
@@ -311,8 +312,10 @@ class GrowthTracker:
 
 def _container_lengths(objects: list[Any], own: set[int]) -> dict[int, int]:
     """``id -> len`` of every list/dict/set/deque (C-speed scan), leaving out tfmem's own."""
-    containers = compress(objects, map(isinstance, objects, repeat(CONTAINER_TYPES)))
-    lengths = {id(o): len(o) for o in containers}
+    with warnings.catch_warnings():  # isinstance reads ``__class__``: a deprecated module attribute warns
+        warnings.simplefilter("ignore")
+        containers = compress(objects, map(isinstance, objects, repeat(CONTAINER_TYPES)))
+        lengths = {id(o): len(o) for o in containers}
     for key in own:
         lengths.pop(key, None)
     return lengths
