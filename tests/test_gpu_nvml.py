@@ -175,7 +175,6 @@ def test_readings_from_two_threads_do_not_lose_the_peak():
     assert source.peak() == 5 * GiB and source.current() == 0
 
 
-
 def test_a_reading_taken_before_a_reset_does_not_count_in_the_next_window(monkeypatch: pytest.MonkeyPatch):
     """A sampler thread that read the previous window's level and lost the CPU before folding it
     in must not hand that level to the window opened meanwhile."""
@@ -201,6 +200,7 @@ def test_a_reading_taken_before_a_reset_does_not_count_in_the_next_window(monkey
     reset.set()
     reader.join()
     assert source.peak() == 0
+
 
 # -- the plugin, in a subprocess whose ``pynvml`` is the fake ---------------------------------
 

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem.trace.timeline import Timeline, plot_png, write_scalars
+
 PNG = "timeline.png"
 TIMEOUT_S = 120
 
@@ -30,9 +32,9 @@ class Drawn:
     notes: list[str] = field(default_factory=list)
 
 
-def draw(directory: Path, timeline: Any, starts: dict[str, int], *, title: str, budget: int | None,
+def draw(directory: Path, timeline: Timeline, starts: dict[str, int], *, title: str, budget: int | None,
          exact_peak: int | None, verdict_peak: int | None) -> Drawn:
-    """Write ``timeline`` (a ``timeline.Timeline``) as scalars and a PNG into ``directory``, in a child."""
+    """Write ``timeline`` as scalars and a PNG into ``directory``, in a child."""
     job = {"directory": str(directory), "timeline": asdict(timeline), "starts": starts, "title": title,
            "budget": budget, "exact_peak": exact_peak, "verdict_peak": verdict_peak}
     package_root = str(Path(__file__).resolve().parents[2])  # found as the test's process found it
@@ -49,19 +51,17 @@ def draw(directory: Path, timeline: Any, starts: dict[str, int], *, title: str, 
 
 
 def _draw_here(job: dict[str, Any]) -> Drawn:
-    from pytest_tfmem.trace import timeline as timeline_module
-
     directory = Path(job["directory"])
-    timeline = timeline_module.Timeline(**job["timeline"])
+    timeline = Timeline(**job["timeline"])
     drawn = Drawn()
     try:
-        drawn.tags = timeline_module.write_scalars(directory, timeline, job["starts"], job["budget"])
+        drawn.tags = write_scalars(directory, timeline, job["starts"], job["budget"])
     except ImportError as error:
         drawn.notes.append(f"no TensorBoard scalars: {error} (install pytest-tfmem[trace])")
     except Exception as error:
         drawn.notes.append(f"no TensorBoard scalars: {error!r}")
     try:
-        timeline_module.plot_png(directory / PNG, timeline, job["starts"], title=job["title"], budget=job["budget"],
+        plot_png(directory / PNG, timeline, job["starts"], title=job["title"], budget=job["budget"],
                                  exact_peak=job["exact_peak"], verdict_peak=job["verdict_peak"])
         drawn.png = PNG
     except ImportError as error:
