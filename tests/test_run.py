@@ -456,6 +456,28 @@ def test_agent_lines_cut_short_or_garbled_leave_the_summary_with_what_is_whole(t
     assert agent.high_water_mark == 300 * MiB and agent.exited
 
 
+
+def test_the_level_when_the_runtime_started_takes_no_data_loaded_before_a_late_reading(tmp_path: Path):
+    """On a loaded machine the first reading that sees JAX started may come after the script
+    loaded its data: the level at the start is the last reading before it, or the start plus
+    what the imports kept by then, whichever is larger; never that late reading's RSS."""
+    from pytest_tfmem.run.summary import AgentView
+
+    def level(lines: list[dict[str, object]]) -> int | None:
+        path = tmp_path / "agent.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return AgentView.read(path).rss_when_started()
+
+    start = {"event": "agent", "pid": 42, "time": 1.0, "rss": 30 * MiB}
+    imported = {"event": "import", "time": 2.0, "module": "jax", "host_bytes": 100 * MiB}
+    late = {"event": "reading", "time": 3.0, "rss": 560 * MiB, "stack": [], "views": {}, "runtimes": ["JAX"]}
+    after_import = {"event": "reading", "time": 2.5, "rss": 140 * MiB, "stack": [], "views": {}, "runtimes": []}
+    assert level([start, imported, after_import, late]) == 140 * MiB
+    mid_import = {**after_import, "time": 1.5, "rss": 60 * MiB}  # the import ends after it: what it kept counts
+    assert level([start, mid_import, imported, late]) == 130 * MiB
+    assert level([start, imported]) is None  # no runtime seen
+
+
 LIBRARY = """
 import sys
 

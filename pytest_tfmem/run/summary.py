@@ -135,14 +135,21 @@ class AgentView:
         return list(dict.fromkeys(names))
 
     def rss_when_started(self) -> int | None:
-        """The script's RSS outside the frameworks' host views (TensorFlow's CPU allocator) when
-        the agent first saw a framework's runtime started: what the imports and anything before
-        them took (``None`` if no reading with both was made: the exit line has no RSS)."""
-        for reading in self.readings:
-            if (reading.get("views") or reading.get("runtimes")) and isinstance(reading.get("rss"), int):
-                levels = {view: current for view, (current, _) in reading.get("views", {}).items()}
-                return int(reading["rss"]) - host_view_total(levels)
-        return None
+        """The script's RSS when a framework's runtime started: what the imports and anything
+        before them took (``None`` if no reading saw a runtime started: the exit line has none).
+
+        The reading that first saw the runtime may come late (a loaded machine, or a NumPy call
+        holding the interpreter), after the script has loaded its data, so its RSS is not taken.
+        The figure is the larger of the last reading before it (made before the runtime started)
+        and the script's start plus what its first imports kept by then (each booked as it ends).
+        """
+        readings = [reading for reading in self.readings if isinstance(reading.get("rss"), int)]
+        first = next((reading for reading in readings if reading.get("views") or reading.get("runtimes")), None)
+        if first is None:
+            return None
+        before = [reading["rss"] for reading in readings if reading["time"] < first["time"]]
+        imported = sum(kept for _, kept in self.imports_by(first["time"]))
+        return max(before[-1] if before else self.start_rss, self.start_rss + imported)
 
     def device_timeline(self, start: float) -> list[tuple[float, dict[str, int]]]:
         """``(seconds since start, {view: bytes in use})`` at each reading."""
