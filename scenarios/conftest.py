@@ -150,7 +150,8 @@ class ScenarioTable:
             return
         for name, value in report.user_properties:
             if name == VARIANT_PROPERTY:
-                variant = json.loads(value)
+                # where the test is defined: the order within a role, whichever worker ran it first
+                variant = {**json.loads(value), "place": [report.location[0], report.location[1] or 0]}
                 self.rows.append((variant, record_from_report(report), _outcome(report, variant)))
             elif name == NOTE_PROPERTY:
                 note = json.loads(value)
@@ -173,7 +174,7 @@ class ScenarioTable:
         for row in self.rows:
             by_scenario.setdefault(row[0]["scenario"], []).append(row)
         for scenario in sorted(by_scenario):
-            variants = sorted(by_scenario[scenario], key=lambda row: ROLE_ORDER.get(row[0]["role"], len(ROLE_ORDER)))
+            variants = sorted(by_scenario[scenario], key=_table_order)
             reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
             rows.append([scenario, "", "", "", ""])
             for variant, record, outcome in variants:
@@ -182,6 +183,14 @@ class ScenarioTable:
                 rows.append([f"  {variant['role']}: {variant['description']}", format_size(peak), ratio,
                              _leak_per_iteration(_leak(variant, record)), _explain(outcome, variant, record)])
         return rows
+
+
+def _table_order(row: Row) -> tuple[int, str, int]:
+    """Problems, then fixes, then no help; within a role, in the order the tests are defined (the
+    same under pytest-xdist, where they finish in another order)."""
+    variant = row[0]
+    path, line = variant["place"]
+    return ROLE_ORDER.get(variant["role"], len(ROLE_ORDER)), path, line
 
 
 def _peak(record: TestRecord | None) -> int | None:
