@@ -8,6 +8,7 @@ reads itself (a loaded Keras, ``KERAS_BACKEND``, ``keras.json``), without import
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -98,6 +99,7 @@ def device_views() -> list[DeviceView]:
     return [view for framework in started() for view in framework.device_views()]
 
 
+@functools.lru_cache(maxsize=256)  # a session has a few view names; each test's figures ask several times
 def owner(view: str) -> Framework | None:
     """The framework whose device view ``view`` is (``tf:CPU:0``: TensorFlow)."""
     return next((framework for framework in KNOWN if view.startswith(framework.view_prefix)), None)
