@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,12 +47,14 @@ def _removed_on_failure(temporary: str) -> Iterator[None]:
         raise
 
 
-def _write_temporary(target: Path, text: str, mode: int) -> str:
-    """A temporary file beside ``target`` holding ``text``, flushed to disk, with ``mode``."""
+def _write_temporary(target: Path, chunks: Iterable[str], mode: int) -> str:
+    """A temporary file beside ``target`` holding the ``chunks`` one after the other (written as
+    they come), flushed to disk, with ``mode``."""
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     with _removed_on_failure(temporary):
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
+            for chunk in chunks:
+                stream.write(chunk)
             stream.flush()
             os.fsync(stream.fileno())
         os.chmod(temporary, mode)
@@ -65,12 +67,18 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     If anything fails (a full disk, an interrupt) the old file is left as it was and the
     temporary file is removed. A replaced file keeps its permission bits.
     """
+    write_chunks_atomic(path, (text,))
+
+
+def write_chunks_atomic(path: str | os.PathLike[str], chunks: Iterable[str]) -> None:
+    """``write_text_atomic`` of the ``chunks`` joined, each written as it comes: a file of every
+    test is never one string in memory."""
     target = Path(path)
     try:
         mode = target.stat().st_mode & 0o777
     except FileNotFoundError:
         mode = _new_file_mode()
-    temporary = _write_temporary(target, text, mode)
+    temporary = _write_temporary(target, chunks, mode)
     with _removed_on_failure(temporary):
         os.replace(temporary, target)
 
@@ -99,7 +107,7 @@ def create_text_atomic(path: str | os.PathLike[str], text: str) -> bool:
     target = Path(path)
     if target.exists():
         return False
-    temporary = _write_temporary(target, text, _new_file_mode())
+    temporary = _write_temporary(target, (text,), _new_file_mode())
     try:
         try:
             os.link(temporary, target)
@@ -158,6 +166,28 @@ class VersionedJson:
         """Write ``body`` with the format's name and version, atomically."""
         data = {"format": self.name, "version": self.version, **body}
         write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    def write_streamed(
+        self, path: str | os.PathLike[str], body: dict[str, Any], key: str, items: Iterable[dict[str, Any]]
+    ) -> None:
+        """``write(path, {**body, key: list(items)})``, byte for byte, with the list's items
+        encoded and written one at a time as ``items`` yields them: a list of every test's
+        record is never held whole (``key`` is a top-level key of the file)."""
+        write_chunks_atomic(path, self._streamed_chunks(body, key, items))
+
+    def _streamed_chunks(self, body: dict[str, Any], key: str, items: Iterable[dict[str, Any]]) -> Iterator[str]:
+        data = {"format": self.name, "version": self.version, **body, key: []}
+        text = json.dumps(data, indent=2, sort_keys=True)
+        # At the top level a key is indented by two spaces; deeper ones by more, and newlines in
+        # strings are escaped: this is the one place the empty list stands.
+        empty = f"\n  {json.dumps(key)}: []"
+        before, after = text.split(empty)
+        yield f"{before}\n  {json.dumps(key)}: ["
+        separator = "\n    "
+        for item in items:
+            yield separator + json.dumps(item, indent=2, sort_keys=True).replace("\n", "\n    ")
+            separator = ",\n    "
+        yield ("]" if separator == "\n    " else "\n  ]") + after + "\n"
 
     def read(self, path: str | os.PathLike[str], *, missing_ok: bool = False) -> dict[str, Any] | None:
         """The file's object, checked by ``parse``; ``None`` for an absent file if ``missing_ok``.

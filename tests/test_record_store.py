@@ -55,6 +55,11 @@ def test_a_later_attempt_replaces_those_it_counts_and_a_retried_one():
     # a second record of a test that no attempt counts and that was not retried is kept beside it
     store.add(record("t::other", 5))
     assert [r.nodeid for r in store].count("t::other") == 2 and len(store) == 3
+    # in node-id order, read from disk one at a time: the order sorted() gives what __iter__ yields
+    store.add(record("t::a", 7))  # still awaiting its teardown report
+    expected = [(r.nodeid, r.measurement.peak) for r in sorted(store, key=lambda r: r.nodeid)]
+    assert [(r.nodeid, r.measurement.peak) for r in store.by_nodeid()] == expected
+    assert expected == [("t::a", 7), ("t::flaky", 300), ("t::other", 1000), ("t::other", 5)], expected
     store.remove()
 
 
@@ -106,14 +111,21 @@ def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_jun
     held = json.loads((pytester.path / "held.json").read_text())
     reports, on_reports, on_items, alive, flat = held
     assert reports == 3 * 61 and on_reports == 0 and on_items == 0
-    assert alive == 0, "every record is on disk once its test is over"
+    # Every record is on disk once its test is over; writing the JSON report made the one pass
+    # over them that feeds the summaries, and the table's reader keeps its ten heaviest (of 61).
+    assert alive == 10, alive
     assert flat == 2 * 61  # the flat figures stay on the call and teardown reports
     # JUnit XML read each record as it was logged, and the JSON report read them back from disk
     properties = {
         case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
         for case in ElementTree.parse(junit).iter("testcase")
     }
-    report = {test["nodeid"].split("::")[-1]: test for test in json.loads((pytester.path / "report.json").read_text())["tests"]}
+    text = (pytester.path / "report.json").read_text()
+    # written a test at a time, yet the bytes json.dumps gives the whole, its tests in node-id order
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+    nodeids = [test["nodeid"] for test in json.loads(text)["tests"]]
+    assert nodeids == sorted(nodeids) and json.loads(text)["summary"]["tests"] == 61
+    report = {test["nodeid"].split("::")[-1]: test for test in json.loads(text)["tests"]}
     assert len(properties) == len(report) == 61
     for name, test in report.items():
         assert {**json.loads(properties[name][PROPERTY]), "outcome": test["outcome"]} == test, name  # the item's has none

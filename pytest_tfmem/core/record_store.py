@@ -84,6 +84,18 @@ class RecordStore:
                 offset += len(line)
         yield from list(self._open.values())
 
+    def by_nodeid(self) -> Iterator[TestRecord]:
+        """The records in node-id order, as ``sorted(store, key=nodeid)`` gives them (a test's
+        records in the order ``__iter__`` yields them), each read from disk as it is reached: only
+        the node ids and where their records start are sorted in memory."""
+        written = [(nodeid, 0, offset) for nodeid, offsets in self._offsets.items() for offset in offsets]
+        still_open = [(nodeid, 1, index) for index, nodeid in enumerate(self._open)]
+        if self._file is not None:
+            self._file.flush()
+        opened = list(self._open.values())
+        for _, where, place in sorted(written + still_open):
+            yield self._read_at(place) if where == 0 else opened[place]
+
     def _read_at(self, offset: int) -> TestRecord:
         assert self._file is not None
         self._file.seek(offset)

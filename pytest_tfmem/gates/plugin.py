@@ -17,7 +17,7 @@ from pytest_tfmem import __version__
 from pytest_tfmem.core import features, processes, settings
 from pytest_tfmem.core.features import Summary
 from pytest_tfmem.core.manager import ARGUMENTS, manager
-from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.record import RetainedFigures, TestRecord
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.files import Output, write_text_atomic
@@ -44,6 +44,7 @@ from pytest_tfmem.gates.environment import (
 from pytest_tfmem.gates.reports import (
     FORMAT as report_format,
     SessionReport,
+    SummaryCounts,
     comparison_rows,
     counts_sentence,
     session_markdown,
@@ -113,6 +114,9 @@ def pytest_configure(config: pytest.Config) -> None:
     tfmem_manager = manager(config)
     tfmem_manager.known_peak = gates.known_peak
     tfmem_manager.add_summary(Summary.GATES, gates.write_summary)
+    # what the JSON report says of every test, gathered in the one pass of the records at the end
+    tfmem_manager.add_reader(SummaryCounts, SummaryCounts)
+    tfmem_manager.add_reader(RetainedFigures, RetainedFigures)
 
 
 class CiGates:
@@ -211,12 +215,13 @@ class CiGates:
             any(path is not None for path in writes) or self.history.active or self.github_summary
         ):
             return
+        if self.report_path is not None:
+            self._write(session, "JSON report", self.report_path, lambda path: self._write_report(path, exitstatus))
+        if self.save_path is None and self.markdown_path is None and not (self.history.active or self.github_summary):
+            return  # nothing else needs the records in memory at once
         records = list(manager(self.config).records)  # the files CI reads hold every test
         if self.save_path is not None:
             self._save_baseline(session, records, exitstatus)
-        if self.report_path is not None:
-            report = self._report(records, exitstatus)
-            self._write(session, "JSON report", self.report_path, lambda path: write_report(report, path))
         if self.history.active:
             self.history.record(session, records, finished=exitstatus not in UNFINISHED)
             self.outcome_lines += self.history.outcome_lines
@@ -268,17 +273,18 @@ class CiGates:
             done=f"baseline saved to {self.save_path}: {saved} test(s) updated, {len(updated.tests)} in the file",
         )
 
-    def _report(self, records: list[TestRecord], exitstatus: int) -> SessionReport:
+    def _write_report(self, path: Path, exitstatus: int) -> None:
+        """The JSON report, its tests streamed from the record store in node-id order."""
         baseline = None
         if self.baseline_path is not None:
             baseline = {"path": str(self.baseline_path), "tolerance": str(self.tolerance)}
-        return SessionReport(
-            tests=list(records),
-            environment=current_environment(),
-            baseline=baseline,
-            exitstatus=int(exitstatus),
+        report = SessionReport(
+            tests=[], environment=current_environment(), baseline=baseline, exitstatus=int(exitstatus),
             version=__version__,
         )
+        tfmem = manager(self.config)
+        summary, account = tfmem.reader(SummaryCounts).counts, tfmem.reader(RetainedFigures).account()
+        write_report(report, path, tfmem.records.by_nodeid(), summary, account)
 
     def _write(
         self, session: pytest.Session, what: str, path: Path, write: Callable[[Path], None], done: str | None = None

@@ -19,13 +19,14 @@ The JSON report is a contract; its schema (documented in the README) is::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pytest_tfmem.core.record import TestRecord, session_account
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.retained import SessionAccount
 from pytest_tfmem.core.summary import summary_rows
 from pytest_tfmem.files import FileFormatError, Output, VersionedJson, first_line
 from pytest_tfmem.gates.compare import (
@@ -58,24 +59,24 @@ MARKDOWN = Output("Markdown summary", first_line(lambda line: line == MARKDOWN_T
 class SessionReport:
     """Every measured test of one session, and what they were compared with."""
 
-    tests: list[TestRecord]
+    tests: list[TestRecord]  # those read from a file (``load_report``); one written streams them
     environment: dict[str, Any] = field(default_factory=dict)
     baseline: dict[str, str] | None = None
     exitstatus: int | None = None
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     version: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The file's contents, less the format's name and version."""
+    def head(self, summary: dict[str, int], account: SessionAccount) -> dict[str, Any]:
+        """The file's contents but its tests: ``summary`` (``SummaryCounts``) and ``account``
+        are of every test."""
         return {
             "created": self.created,
             "pytest_tfmem": self.version,
             "exitstatus": self.exitstatus,
             "environment": self.environment,
             "baseline": self.baseline,
-            "summary": summary_counts(self.tests),
-            "tests": [record.to_dict() for record in sorted(self.tests, key=lambda r: r.nodeid)],
-            "session": session_account(self.tests).to_dict(),
+            "summary": summary,
+            "session": account.to_dict(),
         }
 
 
@@ -85,21 +86,44 @@ def baseline_status(record: TestRecord) -> str | None:
     return overall_status(comparisons) if comparisons else None
 
 
-def summary_counts(records: Sequence[TestRecord]) -> dict[str, int]:
-    statuses = [baseline_status(record) for record in records]
-    return {
-        "tests": len(records),
-        "passed": sum(record.outcome == "passed" for record in records),
-        "failed": sum(record.outcome == "failed" for record in records),
-        "over_budget": sum(any(v.check == "budget" for v in record.failed_verdicts) for record in records),
-        "regressions": statuses.count(REGRESSION),
-        "improvements": statuses.count(IMPROVEMENT),
-        "not_in_baseline": statuses.count(NEW),
-    }
+class SummaryCounts:
+    """The report's ``summary``, counted one record at a time (a reader of ``TfmemManager``)."""
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(
+            ("tests", "passed", "failed", "over_budget", "regressions", "improvements", "not_in_baseline"), 0
+        )
+
+    def add(self, record: TestRecord) -> None:
+        status = baseline_status(record)
+        for key, counted in (
+            ("tests", True),
+            ("passed", record.outcome == "passed"),
+            ("failed", record.outcome == "failed"),
+            ("over_budget", any(v.check == "budget" for v in record.failed_verdicts)),
+            ("regressions", status == REGRESSION),
+            ("improvements", status == IMPROVEMENT),
+            ("not_in_baseline", status == NEW),
+        ):
+            self.counts[key] += counted
 
 
-def write_report(report: SessionReport, path: str | Path) -> None:
-    FORMAT.write(path, report.to_dict())
+def summary_counts(records: Iterable[TestRecord]) -> dict[str, int]:
+    counts = SummaryCounts()
+    for record in records:
+        counts.add(record)
+    return counts.counts
+
+
+def write_report(
+    report: SessionReport, path: str | Path, by_nodeid: Iterable[TestRecord], summary: dict[str, int],
+    account: SessionAccount,
+) -> None:
+    """The report, its tests ``by_nodeid`` (in node-id order) each encoded and written as it is
+    read (``core.record_store``): the session's records are never in memory at once.
+    ``summary`` (``SummaryCounts``) and ``account`` are of the same tests; ``report.tests`` is
+    not read."""
+    FORMAT.write_streamed(path, report.head(summary, account), "tests", (record.to_dict() for record in by_nodeid))
 
 
 def load_report(path: str | Path) -> SessionReport:
