@@ -8,6 +8,7 @@ Markdown's sparklines, read the history once, for this session's environment onl
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 
 import pytest
 
@@ -129,7 +130,7 @@ class MemoryHistory:
             message += f": it rose most at {rises}"
         return Verdict(CHECK, found.change <= allowance, message)
 
-    def record(self, session: pytest.Session, records: list[TestRecord], *, finished: bool) -> None:
+    def record(self, session: pytest.Session, records: Iterable[TestRecord], *, finished: bool) -> None:
         """Append this session's line: each passed test's figures (a failing run says little);
         nothing for a run that did not finish."""
         assert self.path is not None and self.commit is not None
@@ -156,7 +157,7 @@ class MemoryHistory:
         self.outcome_lines.append((f"history: {len(figures)} test(s) of commit {short(self.commit.commit)}{dirty} "
                                    f"added to {self.path}", {}))
 
-    def markdown_lines(self, records: list[TestRecord]) -> list[str]:
+    def markdown_lines(self, records: Iterable[TestRecord]) -> list[str]:
         """Rows for the Markdown summary: each test whose figure now moved from its level before, or
         crept beyond the steps' threshold since its best, drawn over its last commits."""
         if self.path is None or self.commit is None:

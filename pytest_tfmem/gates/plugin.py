@@ -8,7 +8,7 @@ from the test reports, saves baselines and writes reports.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,6 @@ from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, 
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     NEW,
-    REGRESSION,
     SECTION,
     baseline_verdict,
     compare,
@@ -47,8 +46,8 @@ from pytest_tfmem.gates.reports import (
     SummaryCounts,
     comparison_rows,
     counts_sentence,
+    moved_comparisons,
     session_markdown,
-    sort_comparisons,
     summary_counts,
     write_report,
 )
@@ -218,8 +217,9 @@ class CiGates:
         if self.report_path is not None:
             self._write(session, "JSON report", self.report_path, lambda path: self._write_report(path, exitstatus))
         if self.save_path is None and self.markdown_path is None and not (self.history.active or self.github_summary):
-            return  # nothing else needs the records in memory at once
-        records = list(manager(self.config).records)  # the files CI reads hold every test
+            return
+        # the files CI reads hold every test: each reads the records back from the store's file
+        records = manager(self.config).records
         if self.save_path is not None:
             self._save_baseline(session, records, exitstatus)
         if self.history.active:
@@ -233,30 +233,30 @@ class CiGates:
         if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
         if self.github_summary:
-            self._append_step_summary(session, records, markdown)
+            self._append_step_summary(session, bool(records), markdown)
 
-    def not_run(self, records: list[TestRecord]) -> str | None:
+    def not_run(self, records: Iterable[TestRecord]) -> str | None:
         """How many baseline tests this session did not measure (a shard runs only its share)."""
         if self.baseline is None:
             return None
         measured = [record.nodeid for record in records if record.measurement is not None]
         return not_run_note(self.baseline.tests, measured, where="in this session")
 
-    def notes(self, records: list[TestRecord]) -> list[str]:
+    def notes(self, records: Iterable[TestRecord]) -> list[str]:
         """What the Markdown summary says above its tables."""
         not_run = self.not_run(records)
         return self.environment_notes + ([not_run] if not_run else [])
 
-    def _append_step_summary(self, session: pytest.Session, records: list[TestRecord], markdown: str) -> None:
+    def _append_step_summary(self, session: pytest.Session, any_records: bool, markdown: str) -> None:
         """``--tfmem-github-summary``: add the summary to the job's page (only when asked: the
         variable alone is set in every GitHub Actions step, also for sessions that never asked)."""
         step_summary = os.environ.get(STEP_SUMMARY)
         if not step_summary:
             self.outcome_lines.append((f"${STEP_SUMMARY} is not set: no summary appended to it", {"yellow": True}))
-        elif records:
+        elif any_records:
             self._write(session, f"${STEP_SUMMARY}", Path(step_summary), lambda path: _append_text(path, markdown))
 
-    def _save_baseline(self, session: pytest.Session, records: list[TestRecord], exitstatus: int) -> None:
+    def _save_baseline(self, session: pytest.Session, records: Iterable[TestRecord], exitstatus: int) -> None:
         assert self.save_path is not None and self.save_into is not None
         if exitstatus in UNFINISHED:
             how = pytest.ExitCode(exitstatus).name.lower().replace("_", " ")
@@ -304,13 +304,15 @@ class CiGates:
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         stored = manager(self.config).records
         if self.baseline is not None and stored:
-            self._summarise_comparisons(terminalreporter, list(stored))
+            self._summarise_comparisons(terminalreporter, stored)
         elif self.outcome_lines:
             terminalreporter.write_sep("=", "tfmem: CI gates")
         for line, markup in self.outcome_lines:
             terminalreporter.write_line(f"tfmem: {line}", **markup)
 
-    def _summarise_comparisons(self, terminalreporter: pytest.TerminalReporter, records: list[TestRecord]) -> None:
+    def _summarise_comparisons(
+        self, terminalreporter: pytest.TerminalReporter, records: Iterable[TestRecord]
+    ) -> None:
         terminalreporter.write_sep("=", f"tfmem: baseline {self.baseline_path} (tolerance {self.tolerance})")
         for note in self.environment_notes:
             terminalreporter.write_line(f"tfmem: warning: {note}", yellow=True)
@@ -318,8 +320,7 @@ class CiGates:
         if not_run:
             terminalreporter.write_line(f"tfmem: {not_run}")
         terminalreporter.write_line(counts_sentence(summary_counts(records), compared=True))
-        comparisons = [c for record in records for c in comparisons_from_record(record)]
-        moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
+        _, moved = moved_comparisons(records)
         if moved:
             for line in render_table(comparison_rows(moved)):
                 terminalreporter.write_line(line)
@@ -328,7 +329,7 @@ class CiGates:
                 f"tests using less memory than their baseline beyond tolerance: refresh it with "
                 f"--tfmem-save-baseline={self.baseline_path}"
             )
-        new = sorted({c.nodeid for c in comparisons if c.status == NEW})
+        new = sorted({c.nodeid for record in records for c in comparisons_from_record(record) if c.status == NEW})
         if new:
             terminalreporter.write_line(f"not in the baseline (not compared, they pass): {', '.join(new)}")
 

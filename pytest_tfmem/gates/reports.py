@@ -228,19 +228,31 @@ def comparison_markdown(comparisons: Sequence[Comparison], *, title: str, notes:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def moved_comparisons(records: Iterable[TestRecord]) -> tuple[bool, list[Comparison]]:
+    """Whether any test was compared with a baseline, and the comparisons beyond tolerance
+    (regressions, improvements), sorted: what a summary shows, kept from one pass."""
+    compared, moved = False, []
+    for record in records:
+        for comparison in comparisons_from_record(record):
+            compared = True
+            if comparison.status in (REGRESSION, IMPROVEMENT):
+                moved.append(comparison)
+    return compared, sort_comparisons(moved)
+
+
 def session_markdown(
-    records: Sequence[TestRecord], *, top: int, notes: Sequence[str] = (), history: Sequence[str] = ()
+    records: Iterable[TestRecord], *, top: int, notes: Sequence[str] = (), history: Sequence[str] = ()
 ) -> str:
     """The step summary of a pytest session: counts, moved tests, the tests that moved in the
-    memory history (``history``: its lines), the heaviest tests."""
+    memory history (``history``: its lines), the heaviest tests. ``records`` is read three times
+    (the record store reads its file again each time)."""
     counts = summary_counts(records)
-    comparisons = [c for record in records for c in comparisons_from_record(record)]
-    moved = sort_comparisons([c for c in comparisons if c.status in (REGRESSION, IMPROVEMENT)])
-    lines = [MARKDOWN_TITLE, "", counts_sentence(counts, compared=bool(comparisons)) + ".", ""]
+    compared, moved = moved_comparisons(records)
+    lines = [MARKDOWN_TITLE, "", counts_sentence(counts, compared=compared) + ".", ""]
     lines += [f"> {note}" for note in notes] + ([""] if notes else [])
     if moved:
         lines += ["Beyond tolerance of the baseline:", "", *markdown_table(comparison_rows(moved)), ""]
     lines += history
-    if records:
+    if counts["tests"]:
         lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(summary_rows(records, top))]
     return "\n".join(lines).rstrip() + "\n"
