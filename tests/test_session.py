@@ -262,6 +262,7 @@ def test_the_resident_pool_grows_by_no_more_than_rss_did_and_never_shrinks():
 
 
 def test_reports_written_before_retained_figures_still_load_and_show(tmp_path: Path):
+    from pytest_tfmem.core.record import session_account
     from pytest_tfmem.core.summary import summary_rows
     from pytest_tfmem.gates.reports import load_report
 
@@ -273,7 +274,7 @@ def test_reports_written_before_retained_figures_still_load_and_show(tmp_path: P
     }  # fmt: skip
     (tmp_path / "old.json").write_text(json.dumps(old))
     report = load_report(tmp_path / "old.json")
-    assert report.tests[0].retained is None and report.to_dict()["session"] is None
+    assert report.tests[0].retained is None and session_account(report.tests).to_dict() is None
     assert "retained" not in summary_rows(report.tests, 10)[0]
     plotted = subprocess.run(
         [sys.executable, "-m", "pytest_tfmem.cli.main", "plot", "old.json", "--session", "-o", "s.png"],

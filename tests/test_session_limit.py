@@ -163,7 +163,8 @@ def test_past_the_limit_the_remaining_tests_run_on_in_replacement_processes(cree
         ]
     )
     left = re.findall(r"test_grows\[\d+\] \+([\d.]+) MiB", creep.stdout)
-    assert all(78 <= float(size) <= 90 for size in left), left  # each left its 80 MiB
+    # each left its 80 MiB (less what the process gave back in the same window: 77.8 MiB once, loaded)
+    assert all(76 <= float(size) <= 90 for size in left), left
 
 
 @pytest.mark.linux  # forks of the template
