@@ -15,6 +15,8 @@ import pytest
 from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement, PeakTracker, ViewReading
 from pytest_tfmem.core.oom import parse_oom
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.summary import summary_rows
 from pytest_tfmem.core.verdict import view_label
 from pytest_tfmem.frameworks.jax import JaxDevice
 from pytest_tfmem.frameworks.torch import CudaAllocator
@@ -147,3 +149,28 @@ def test_jax_and_pytorch_out_of_memory_messages_give_the_size_asked_for():
     assert (torch.requested_bytes, torch.tensor(), torch.framework) == (2 * 2**30, "2.0 GiB", "PyTorch")
     jax = parse_oom("RESOURCE_EXHAUSTED: Out of memory allocating 1073741824 bytes.", "JAX")
     assert jax.requested_bytes == 2**30 and jax.message == "RESOURCE_EXHAUSTED: Out of memory allocating 1073741824 bytes."
+
+
+def _record_with_views(nodeid: str, views: dict[str, int]) -> TestRecord:
+    readings = (ViewReading("host", 0, 5 * MIB, 0), *(ViewReading(name, 0, peak, 0) for name, peak in views.items()))
+    record = TestRecord(nodeid, Measurement(views=readings, duration_s=0.01))
+    record.outcome = "passed"
+    return record
+
+
+def test_the_table_has_a_column_for_each_framework_view_a_test_has_titled_with_its_framework():
+    records = [
+        _record_with_views("t::jax_gpu", {"jax:gpu:0": 300 * MIB}),
+        _record_with_views("t::torch", {"torch:cuda:0": 200 * MIB}),
+        _record_with_views("t::tf", {"tf:GPU:0": 100 * MIB, "tf:CPU:0": 2 * MIB}),
+        _record_with_views("t::plain", {}),
+    ]
+    header, *rows = summary_rows(records, 10)
+    assert header == ["test", "peak", "host RSS", "TF CPU", "TF GPU:0", "JAX gpu:0", "torch cuda:0", "budget", "use",
+                      "result"]
+    cells = {row[0]: row[3:7] for row in rows}
+    assert cells["t::jax_gpu"] == ["-", "-", "300.0 MiB", "-"]  # a view the test has not: "-"
+    assert cells["t::tf"] == ["2.0 MiB", "100.0 MiB", "-", "-"]
+    # a session of JAX or PyTorch alone shows no TensorFlow column, and one of no framework none at all
+    assert summary_rows(records[:1], 10)[0][:4] == ["test", "peak", "host RSS", "JAX gpu:0"]
+    assert summary_rows(records[3:], 10)[0] == ["test", "peak", "host RSS", "budget", "use", "result"]

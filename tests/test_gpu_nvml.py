@@ -265,7 +265,8 @@ def test_gpu_budget_on_nvml_views_fails_as_its_own_test(pytester: pytest.Pyteste
         [
             "tfmem: GPU peak 3.0 GiB > GPU budget 2.0 GiB (GPU 0 (NVML) 0 B, GPU 1 (NVML) 3.0 GiB); "
             "NVML sampled every 5 ms: a shorter peak can be missed",
-            "test * peak * host RSS  TF CPU  TF GPU  NVML GPU (every 5 ms)  budget  use  GPU budget  GPU use * result",
+            # no framework's view: no framework's column
+            "test * peak * host RSS  NVML GPU (every 5 ms)  budget  use  GPU budget  GPU use * result",
             "test_gpu.py::test_takes_3GiB_on_gpu_1_for_a_moment * 3.0 GiB * - * 2.0 GiB * 150%  over GPU budget",
         ]
     )

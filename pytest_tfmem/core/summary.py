@@ -60,7 +60,7 @@ class HeaviestTests:
         self._heaviest: list[tuple[int, int, TestRecord]] = []  # a heap: (peak, -arrival, record)
         self._arrivals = 0
         self._nvml = self._gpu_budget = self._retained = self._subtest_retained = self._children = False
-        self._gpu_views_tf = True  # every GPU view (NVML's aside) is TensorFlow's allocators'
+        self._views: set[str] = set()  # the frameworks' views some test has: a column each
         self._nvml_interval: float | None = None  # the longest NVML reading interval
 
     def add(self, record: TestRecord) -> None:
@@ -72,9 +72,7 @@ class HeaviestTests:
         self._retained |= record.retained is not None
         self._subtest_retained |= any(subtest.retained is not None for subtest in record.subtests)
         self._children |= measurement.children is not None
-        self._gpu_views_tf &= all(
-            v.view.startswith("tf:") for v in measurement.gpu_views() if not v.view.startswith("nvml:")
-        )
+        self._views.update(v.view for v in measurement.views if frameworks.owner(v.view) is not None)
         if measurement.nvml_interval_s is not None:
             self._nvml_interval = max(self._nvml_interval or 0.0, measurement.nvml_interval_s)
         self._arrivals += 1
@@ -92,17 +90,18 @@ class HeaviestTests:
         return f"NVML GPU (every {interval * 1000:g} ms)" if interval else "NVML GPU (start/end)"
 
     def rows(self, *, subtests: bool = False) -> list[list[str]]:
-        """Header plus one row per heaviest test: test, peak, host, TF (CPU), GPU, budget, use,
-        result; NVML's column and the GPU budget's columns where they apply. With ``subtests``,
+        """Header plus one row per heaviest test: test, peak, host, a column for each framework
+        view some test has (``TF CPU``, ``JAX gpu:0``, ``torch cuda:0``), budget, use, result;
+        the processes', NVML's and the GPU budget's columns where they apply. With ``subtests``,
         each test's subtests follow its row, heaviest first, their use and result against the
         test's budget."""
         heaviest = [record for _, _, record in sorted(self._heaviest, key=lambda entry: entry[:2], reverse=True)]
         with_retained = self._retained or (subtests and self._subtest_retained)
-        # the GPU column is TensorFlow's allocators' unless another framework's GPU views are there
-        gpu_column = "TF GPU" if self._gpu_views_tf else "GPU"
+        views = sorted(self._views, key=frameworks.column_order)
         # what the host view counts (RSS, phys_footprint, working set): one platform a session
         counts = heaviest[0].measurement.counts if heaviest and heaviest[0].measurement else "RSS"
-        header = ["test", "peak", f"host {counts}", "TF CPU", gpu_column, *(["children"] if self._children else []),
+        titles = [frameworks.column_title(view) or view for view in views]
+        header = ["test", "peak", f"host {counts}", *titles, *(["children"] if self._children else []),
                   *([self._nvml_header()] if self._nvml else []), "budget", "use",
                   *(["GPU budget", "GPU use"] if self._gpu_budget else []), *(["retained"] if with_retained else [])]
         rows = [[*header, "result"]]
@@ -110,14 +109,14 @@ class HeaviestTests:
             assert record.measurement is not None
             gpu_budget_cells = [format_size(record.gpu_budget), use_percent(record.gpu_need, record.gpu_budget)]
             rows.append(
-                _figure_cells(record.nodeid, record.measurement, self._nvml, self._children)
+                _figure_cells(record.nodeid, record.measurement, views, self._nvml, self._children)
                 + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
                 + (gpu_budget_cells if self._gpu_budget else [])
                 + ([_retained(record)] if with_retained else [])
                 + [_result(record)]
             )
             if subtests:
-                rows += _subtest_rows(record, self._nvml, self._gpu_budget, with_retained, self._children)
+                rows += _subtest_rows(record, views, self._nvml, self._gpu_budget, with_retained, self._children)
         return rows
 
 
@@ -129,22 +128,23 @@ def summary_rows(records: Iterable[TestRecord], top: int, *, subtests: bool = Fa
     return heaviest.rows(subtests=subtests)
 
 
-def _figure_cells(name: str, m: Measurement, with_nvml: bool, with_children: bool = False) -> list[str]:
-    """The name, peak, host, TF CPU, TF GPU (children, NVML) cells of a row."""
-    has_host_pool = any(frameworks.is_host_view(v.view) for v in m.views)
+def _figure_cells(name: str, m: Measurement, views: list[str], with_nvml: bool, with_children: bool) -> list[str]:
+    """The name, peak, host, each of ``views`` (``-`` where the test has not that view),
+    children and NVML cells of a row."""
+    readings = [m.view(view) for view in views]
     return [
         name,
         format_size(m.peak),
         format_size(m.host),
-        format_size(m.tf_host) if has_host_pool else "-",
-        format_size(m.gpu),
+        *(format_size(reading.increase) if reading is not None else "-" for reading in readings),
         *([format_size(m.children_peak) if m.children is not None else "-"] if with_children else []),
         *([_nvml(m)] if with_nvml else []),
     ]
 
 
 def _subtest_rows(
-    record: TestRecord, with_nvml: bool, with_gpu_budget: bool, with_retained: bool, with_children: bool
+    record: TestRecord, views: list[str], with_nvml: bool, with_gpu_budget: bool, with_retained: bool,
+    with_children: bool,
 ) -> list[list[str]]:
     """A row per subtest of the test, heaviest first: ``  [message] (i=2)`` and its figures."""
     rows = []
@@ -152,7 +152,7 @@ def _subtest_rows(
         peak = subtest.measurement.peak
         over = record.budget is not None and peak > record.budget
         rows.append(
-            _figure_cells(f"  {subtest.description}", subtest.measurement, with_nvml, with_children)
+            _figure_cells(f"  {subtest.description}", subtest.measurement, views, with_nvml, with_children)
             + ["", use_percent(peak, record.budget)]
             + (["", ""] if with_gpu_budget else [])
             + ([_signed(subtest.retained)] if with_retained else [])

@@ -111,6 +111,20 @@ def view_label(view: str) -> str | None:
     return framework.view_label(view) if framework is not None else None
 
 
+def column_title(view: str) -> str | None:
+    """``tf:CPU:0`` -> ``TF CPU``, ``jax:gpu:0`` -> ``JAX gpu:0``; ``None`` for a view no framework owns."""
+    framework = owner(view)
+    return framework.column_title(view) if framework is not None else None
+
+
+def column_order(view: str) -> tuple[int, bool, str]:
+    """Where a framework view's column stands: by framework (TensorFlow, JAX, PyTorch), host
+    views before GPU views, then by name."""
+    framework = owner(view)
+    rank = KNOWN.index(framework) if framework is not None else len(KNOWN)
+    return rank, is_gpu_view(view), view
+
+
 def is_gpu_view(view: str) -> bool:
     framework = owner(view)
     return framework is not None and framework.is_gpu_view(view)

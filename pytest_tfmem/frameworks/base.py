@@ -121,6 +121,10 @@ class Framework(Protocol):
         """``tf:CPU:0`` -> ``TF CPU:0 allocator``."""
         ...
 
+    def column_title(self, name: str) -> str:
+        """The title of the view's column in the tables: ``TF CPU``, ``JAX gpu:0``, ``torch cuda:0``."""
+        ...
+
     def limit_gpu_memory(self, limit: int, runtime_started: bool) -> str:
         """Hold each GPU it uses to ``limit`` bytes; ``""`` when applied (or no GPU), else why not."""
         ...

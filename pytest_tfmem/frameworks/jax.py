@@ -114,6 +114,9 @@ class Jax:
     def view_label(self, name: str) -> str:
         return f"JAX {name[4:]} device"
 
+    def column_title(self, name: str) -> str:
+        return f"JAX {name[4:]}"
+
     def limit_gpu_memory(self, limit: int, runtime_started: bool) -> str:
         gpus = [view for view in self.device_views() if self.is_gpu_view(view.name)]
         if not gpus:

@@ -158,6 +158,10 @@ class TensorFlow:
     def view_label(self, name: str) -> str:
         return f"TF {name[3:]} allocator"
 
+    def column_title(self, name: str) -> str:
+        device = name[3:]
+        return "TF CPU" if device == "CPU:0" else f"TF {device}"  # the one CPU allocator a process has
+
     def limit_gpu_memory(self, limit: int, runtime_started: bool) -> str:
         """A logical device memory limit on every GPU (TensorFlow takes MiB: rounded down, to at
         least 1 MiB); it must be set before TensorFlow initialises its GPUs."""

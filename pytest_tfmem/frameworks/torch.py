@@ -99,6 +99,9 @@ class Torch:
     def view_label(self, name: str) -> str:
         return f"PyTorch {name[6:]} allocator"
 
+    def column_title(self, name: str) -> str:
+        return f"torch {name[6:]}"
+
     def limit_gpu_memory(self, limit: int, runtime_started: bool) -> str:
         """``torch.cuda.set_per_process_memory_fraction``: the limit's share of each GPU."""
         torch = _loaded()

@@ -18,7 +18,7 @@ from pytest_tfmem.core import features, processes, settings
 from pytest_tfmem.core.features import Summary
 from pytest_tfmem.core.manager import ARGUMENTS, manager
 from pytest_tfmem.core.record import RetainedFigures, TestRecord
-from pytest_tfmem.core.summary import render_table
+from pytest_tfmem.core.summary import HeaviestTests, render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.files import Output, write_text_atomic
 from pytest_tfmem.gates import history_plugin, reports
@@ -284,7 +284,8 @@ class CiGates:
         )
         tfmem = manager(self.config)
         summary, account = tfmem.reader(SummaryCounts).counts, tfmem.reader(RetainedFigures).account()
-        write_report(report, path, tfmem.records.by_nodeid(), summary, account)
+        columns = tfmem.reader(HeaviestTests).rows()[0]
+        write_report(report, path, tfmem.records.by_nodeid(), summary, account, columns)
 
     def _write(
         self, session: pytest.Session, what: str, path: Path, write: Callable[[Path], None], done: str | None = None

@@ -66,10 +66,12 @@ class SessionReport:
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     version: str | None = None
 
-    def head(self, summary: dict[str, int], account: SessionAccount) -> dict[str, Any]:
+    def head(self, summary: dict[str, int], account: SessionAccount, columns: list[str]) -> dict[str, Any]:
         """The file's contents but its tests: ``summary`` (``SummaryCounts``) and ``account``
-        are of every test."""
+        are of every test; ``columns`` the session table's (``HeaviestTests``: a column for each
+        framework view some test has)."""
         return {
+            "columns": columns,
             "created": self.created,
             "pytest_tfmem": self.version,
             "exitstatus": self.exitstatus,
@@ -117,13 +119,14 @@ def summary_counts(records: Iterable[TestRecord]) -> dict[str, int]:
 
 def write_report(
     report: SessionReport, path: str | Path, by_nodeid: Iterable[TestRecord], summary: dict[str, int],
-    account: SessionAccount,
+    account: SessionAccount, columns: list[str],
 ) -> None:
     """The report, its tests ``by_nodeid`` (in node-id order) each encoded and written as it is
     read (``core.record_store``): the session's records are never in memory at once.
-    ``summary`` (``SummaryCounts``) and ``account`` are of the same tests; ``report.tests`` is
-    not read."""
-    FORMAT.write_streamed(path, report.head(summary, account), "tests", (record.to_dict() for record in by_nodeid))
+    ``summary``, ``account`` and ``columns`` are of the same tests (``SessionReport.head``);
+    ``report.tests`` is not read."""
+    head = report.head(summary, account, columns)
+    FORMAT.write_streamed(path, head, "tests", (record.to_dict() for record in by_nodeid))
 
 
 def load_report(path: str | Path) -> SessionReport:
