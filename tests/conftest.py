@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
@@ -44,6 +46,17 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     without Hypothesis's plugin."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_RUN_OPTIONS)
     return pytester
+
+
+@pytest.fixture(autouse=True)
+def no_pytorch_in_the_suites_process() -> Iterator[None]:
+    """No test may import PyTorch into the suite's processes: TensorFlow's tests run there, and
+    two traced there crashed in Triton's import once a test had loaded PyTorch beside TensorFlow
+    (scripts/gpu_check.py's search for a GPU framework). PyTorch's tests run in processes of their own."""
+    before = "torch" in sys.modules
+    yield
+    if not before and "torch" in sys.modules:
+        pytest.fail("this test imported PyTorch into the suite's process: import it in a subprocess", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
