@@ -125,6 +125,8 @@ def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_jun
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
     nodeids = [test["nodeid"] for test in json.loads(text)["tests"]]
     assert nodeids == sorted(nodeids) and json.loads(text)["summary"]["tests"] == 61
+    # the table's columns: no framework was loaded, so no framework's column
+    assert json.loads(text)["columns"] == ["test", "peak", "host RSS", "budget", "use", "retained", "result"]
     report = {test["nodeid"].split("::")[-1]: test for test in json.loads(text)["tests"]}
     assert len(properties) == len(report) == 61
     for name, test in report.items():
