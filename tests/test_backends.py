@@ -328,6 +328,7 @@ def test_a_jax_device_out_of_memory_error_fails_as_device_out_of_memory(tmp_path
     assert "FAILED test_oom.py::test_asks_jax_for_four_tebibytes - tfmem: " in done.stdout
 
 
+@pytest.mark.longest  # four sessions one after the other: about 45 s
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed (its CPU tests run where it is)")
 def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_first_in_process_isolated_and_under_xdist(
     tmp_path: Path,
