@@ -25,12 +25,10 @@ from pytest_tfmem.gates import history_plugin, reports
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
-    NEW,
     SECTION,
     baseline_verdict,
     compare,
     compare_retained,
-    comparisons_from_record,
     not_run_note,
     record_section,
 )
@@ -42,13 +40,12 @@ from pytest_tfmem.gates.environment import (
 )
 from pytest_tfmem.gates.reports import (
     FORMAT as report_format,
+    Comparisons,
     SessionReport,
     SummaryCounts,
     comparison_rows,
     counts_sentence,
-    moved_comparisons,
     session_markdown,
-    summary_counts,
     write_report,
 )
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
@@ -116,6 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # what the JSON report says of every test, gathered in the one pass of the records at the end
     tfmem_manager.add_reader(SummaryCounts, SummaryCounts)
     tfmem_manager.add_reader(RetainedFigures, RetainedFigures)
+    tfmem_manager.add_reader(Comparisons, Comparisons)  # the summaries' comparisons with the baseline
 
 
 class CiGates:
@@ -227,24 +225,27 @@ class CiGates:
             self.outcome_lines += self.history.outcome_lines
         if self.markdown_path is None and not self.github_summary:
             return
-        top = manager(self.config).settings.top
-        markdown = session_markdown(records, top=top, notes=self.notes(records),
-                                    history=self.history.markdown_lines(records))
+        tfmem = manager(self.config)
+        comparisons = tfmem.reader(Comparisons)
+        markdown = session_markdown(
+            tfmem.reader(SummaryCounts).counts, comparisons, tfmem.reader(HeaviestTests).rows(),
+            top=tfmem.settings.top, notes=self.notes(comparisons.measured),
+            history=self.history.markdown_lines(records),
+        )
         if self.markdown_path is not None:
             self._write(session, "Markdown summary", self.markdown_path, lambda path: write_text_atomic(path, markdown))
         if self.github_summary:
             self._append_step_summary(session, bool(records), markdown)
 
-    def not_run(self, records: Iterable[TestRecord]) -> str | None:
+    def not_run(self, measured: list[str]) -> str | None:
         """How many baseline tests this session did not measure (a shard runs only its share)."""
         if self.baseline is None:
             return None
-        measured = [record.nodeid for record in records if record.measurement is not None]
         return not_run_note(self.baseline.tests, measured, where="in this session")
 
-    def notes(self, records: Iterable[TestRecord]) -> list[str]:
-        """What the Markdown summary says above its tables."""
-        not_run = self.not_run(records)
+    def notes(self, measured: list[str]) -> list[str]:
+        """What the Markdown summary says above its tables (``measured``: the tests' node ids)."""
+        not_run = self.not_run(measured)
         return self.environment_notes + ([not_run] if not_run else [])
 
     def _append_step_summary(self, session: pytest.Session, any_records: bool, markdown: str) -> None:
@@ -303,25 +304,26 @@ class CiGates:
 
     @pytest.hookimpl
     def write_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        stored = manager(self.config).records
-        if self.baseline is not None and stored:
-            self._summarise_comparisons(terminalreporter, stored)
+        tfmem = manager(self.config)
+        if self.baseline is not None and tfmem.records:
+            self._summarise_comparisons(terminalreporter, tfmem.reader(SummaryCounts).counts,
+                                        tfmem.reader(Comparisons))
         elif self.outcome_lines:
             terminalreporter.write_sep("=", "tfmem: CI gates")
         for line, markup in self.outcome_lines:
             terminalreporter.write_line(f"tfmem: {line}", **markup)
 
     def _summarise_comparisons(
-        self, terminalreporter: pytest.TerminalReporter, records: Iterable[TestRecord]
+        self, terminalreporter: pytest.TerminalReporter, counts: dict[str, int], comparisons: Comparisons
     ) -> None:
         terminalreporter.write_sep("=", f"tfmem: baseline {self.baseline_path} (tolerance {self.tolerance})")
         for note in self.environment_notes:
             terminalreporter.write_line(f"tfmem: warning: {note}", yellow=True)
-        not_run = self.not_run(records)
+        not_run = self.not_run(comparisons.measured)
         if not_run:
             terminalreporter.write_line(f"tfmem: {not_run}")
-        terminalreporter.write_line(counts_sentence(summary_counts(records), compared=True))
-        _, moved = moved_comparisons(records)
+        terminalreporter.write_line(counts_sentence(counts, compared=True))
+        moved = comparisons.moved
         if moved:
             for line in render_table(comparison_rows(moved)):
                 terminalreporter.write_line(line)
@@ -330,7 +332,7 @@ class CiGates:
                 f"tests using less memory than their baseline beyond tolerance: refresh it with "
                 f"--tfmem-save-baseline={self.baseline_path}"
             )
-        new = sorted({c.nodeid for record in records for c in comparisons_from_record(record) if c.status == NEW})
+        new = sorted(comparisons.new)
         if new:
             terminalreporter.write_line(f"not in the baseline (not compared, they pass): {', '.join(new)}")
 

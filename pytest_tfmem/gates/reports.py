@@ -27,7 +27,6 @@ from typing import Any
 
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.retained import SessionAccount
-from pytest_tfmem.core.summary import summary_rows
 from pytest_tfmem.files import FileFormatError, Output, VersionedJson, first_line
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
@@ -231,31 +230,46 @@ def comparison_markdown(comparisons: Sequence[Comparison], *, title: str, notes:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def moved_comparisons(records: Iterable[TestRecord]) -> tuple[bool, list[Comparison]]:
-    """Whether any test was compared with a baseline, and the comparisons beyond tolerance
-    (regressions, improvements), sorted: what a summary shows, kept from one pass."""
-    compared, moved = False, []
-    for record in records:
+class Comparisons:
+    """What the session's comparisons with a baseline come to, gathered one record at a time (a
+    reader of ``TfmemManager``): whether any test was compared, the comparisons beyond tolerance
+    (regressions, improvements), the tests not in the baseline, and the tests measured."""
+
+    def __init__(self) -> None:
+        self.compared = False
+        self._moved: list[Comparison] = []
+        self.new: set[str] = set()
+        self.measured: list[str] = []
+
+    def add(self, record: TestRecord) -> None:
+        if record.measurement is not None:
+            self.measured.append(record.nodeid)
         for comparison in comparisons_from_record(record):
-            compared = True
+            self.compared = True
             if comparison.status in (REGRESSION, IMPROVEMENT):
-                moved.append(comparison)
-    return compared, sort_comparisons(moved)
+                self._moved.append(comparison)
+            elif comparison.status == NEW:
+                self.new.add(comparison.nodeid)
+
+    @property
+    def moved(self) -> list[Comparison]:
+        """The comparisons beyond tolerance, sorted (``sort_comparisons``)."""
+        return sort_comparisons(self._moved)
 
 
 def session_markdown(
-    records: Iterable[TestRecord], *, top: int, notes: Sequence[str] = (), history: Sequence[str] = ()
+    counts: dict[str, int], comparisons: Comparisons, heaviest: list[list[str]], *, top: int,
+    notes: Sequence[str] = (), history: Sequence[str] = (),
 ) -> str:
-    """The step summary of a pytest session: counts, moved tests, the tests that moved in the
-    memory history (``history``: its lines), the heaviest tests. ``records`` is read three times
-    (the record store reads its file again each time)."""
-    counts = summary_counts(records)
-    compared, moved = moved_comparisons(records)
-    lines = [MARKDOWN_TITLE, "", counts_sentence(counts, compared=compared) + ".", ""]
+    """The step summary of a pytest session: counts (``SummaryCounts``), moved tests, the tests
+    that moved in the memory history (``history``: its lines), the heaviest tests (``heaviest``:
+    the table's rows, ``HeaviestTests.rows`` of the ``top``)."""
+    moved = comparisons.moved
+    lines = [MARKDOWN_TITLE, "", counts_sentence(counts, compared=comparisons.compared) + ".", ""]
     lines += [f"> {note}" for note in notes] + ([""] if notes else [])
     if moved:
         lines += ["Beyond tolerance of the baseline:", "", *markdown_table(comparison_rows(moved)), ""]
     lines += history
     if counts["tests"]:
-        lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(summary_rows(records, top))]
+        lines += [f"Heaviest {min(top, counts['tests'])}:", "", *markdown_table(heaviest)]
     return "\n".join(lines).rstrip() + "\n"

@@ -62,7 +62,7 @@ def _draw_here(job: dict[str, Any]) -> Drawn:
         drawn.notes.append(f"no TensorBoard scalars: {error!r}")
     try:
         plot_png(directory / PNG, timeline, job["starts"], title=job["title"], budget=job["budget"],
-                                 exact_peak=job["exact_peak"], verdict_peak=job["verdict_peak"])
+                 exact_peak=job["exact_peak"], verdict_peak=job["verdict_peak"])
         drawn.png = PNG
     except ImportError as error:
         drawn.notes.append(f"no {PNG}: {error} (install pytest-tfmem[trace])")
