@@ -30,6 +30,13 @@ def test_exempt():
     pass
 """
 
+TENSORFLOW_TESTS = """
+import tensorflow as tf
+
+def test_tensorflow():
+    block = tf.ones((1024, 1024))  # 4 MiB in TensorFlow's CPU allocator
+"""
+
 
 def report_tests(path: Path) -> dict[str, dict]:
     """pytest-html's data for each test (the JSON its page is drawn from), by node id."""
@@ -48,28 +55,38 @@ def html_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One pytest run writing the HTML report, a JSON report to check it with, and a trace."""
     folder = tmp_path_factory.mktemp("html")
     (folder / "test_memory.py").write_text(TESTS)
+    (folder / "test_tensorflow.py").write_text(TENSORFLOW_TESTS)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--html=report.html", "--self-contained-html",
-         "--tfmem-budget=1GB", "--tfmem-trace=on-failure", "--tfmem-report=report.json", "test_memory.py"],
+         "--tfmem-budget=1GB", "--tfmem-trace=on-failure", "--tfmem-report=report.json", "test_memory.py",
+         "test_tensorflow.py"],
         cwd=folder, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert (folder / "report.html").is_file(), done.stdout + done.stderr
     return folder, done.stdout
 
 
-def test_the_results_table_gets_peak_budget_and_use_columns(html_run):
+def test_the_results_table_gets_peak_a_column_per_framework_view_budget_and_use(html_run):
     folder, _ = html_run
     page = (folder / "report.html").read_text()
     headers = re.findall(r"<th[^>]*>([^<]*)</th>", page)
-    assert headers[headers.index("Duration") + 1 : headers.index("Links")] == ["Peak memory", "Budget", "Use"]
+    # TensorFlow's CPU view: one test had it, and the session's table shows it (the JSON report's columns)
+    report = json.loads((folder / "report.json").read_text())
+    assert "TF CPU" in report["columns"]
+    assert headers[headers.index("Duration") + 1 : headers.index("Links")] == ["Peak memory", "TF CPU", "Budget", "Use"]
     tests = report_tests(folder / "report.html")
-    figures = {t["nodeid"]: t for t in json.loads((folder / "report.json").read_text())["tests"]}
+    figures = {t["nodeid"]: t for t in report["tests"]}
     for nodeid, row in tests.items():
         peak, budget = figures[nodeid]["measurement"]["peak"], figures[nodeid]["budget"]
         shown = cells(row)
         assert shown["tfmem_peak"] == format_size(peak)  # the JSON report's figure, as the terminal writes it
         assert shown["tfmem_budget"] == format_size(budget)
         assert shown["tfmem_use"] == f"{100 * peak / budget:.0f}%"
+        views = {view["view"]: view for view in figures[nodeid]["measurement"]["views"]}
+        tf_cpu = views.get("tf:CPU:0")
+        assert shown["tfmem_view_tf_CPU_0"] == (format_size(max(0, tf_cpu["peak"] - tf_cpu["start"])) if tf_cpu else "-")
+        assert len(row["resultsTableRow"]) == len(headers[headers.index("Result") :])  # a cell under each header
+    assert cells(tests["test_tensorflow.py::test_tensorflow"])["tfmem_view_tf_CPU_0"] == "4.0 MiB"
     big = cells(tests["test_memory.py::test_big"])
     assert big["result"] == "Failed" and big["tfmem_budget"] == "28.6 MiB" and int(big["tfmem_use"][:-1]) > 190
 
@@ -115,6 +132,8 @@ def test_under_xdist_the_controller_writes_them_once(pytester: pytest.Pytester):
     pytester.makepyfile(test_memory=TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--html=report.html", "--tfmem-budget=1GB")
     result.assert_outcomes(passed=2, failed=1)
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", (pytester.path / "report.html").read_text())
+    assert headers[headers.index("Duration") + 1 : headers.index("Links")] == ["Peak memory", "Budget", "Use"]  # no framework's
     tests = report_tests(pytester.path / "report.html")
     assert set(tests) == {f"test_memory.py::test_{name}" for name in ("small", "big", "exempt")}
     assert cells(tests["test_memory.py::test_big"])["tfmem_budget"] == "28.6 MiB"

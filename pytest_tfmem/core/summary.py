@@ -82,6 +82,10 @@ class HeaviestTests:
         elif self.top and entry[:2] > self._heaviest[0][:2]:
             heapq.heapreplace(self._heaviest, entry)
 
+    def view_columns(self) -> list[str]:
+        """The framework views some test has (``tf:CPU:0``, ``jax:gpu:0``), in the columns' order."""
+        return sorted(self._views, key=frameworks.column_order)
+
     def _nvml_header(self) -> str:
         """``NVML GPU (every 50 ms)``: NVML keeps no peak, so its column says how it was read."""
         if self._nvml_interval is None:
@@ -97,7 +101,7 @@ class HeaviestTests:
         test's budget."""
         heaviest = [record for _, _, record in sorted(self._heaviest, key=lambda entry: entry[:2], reverse=True)]
         with_retained = self._retained or (subtests and self._subtest_retained)
-        views = sorted(self._views, key=frameworks.column_order)
+        views = self.view_columns()
         # what the host view counts (RSS, phys_footprint, working set): one platform a session
         counts = heaviest[0].measurement.counts if heaviest and heaviest[0].measurement else "RSS"
         titles = [frameworks.column_title(view) or view for view in views]

@@ -1,5 +1,6 @@
 """pytest-html's report, with tfmem's figures: the results table gets peak, budget and use
-columns, and each measured test's details a tfmem block (verdicts, views, notes, and the
+columns and a column for each framework view some test had (``TF CPU``, ``JAX gpu:0``, as the
+terminal table), and each measured test's details a tfmem block (verdicts, views, notes, and the
 report sections tfmem wrote, such as the trace path).
 
 Everything comes from the ``TestRecord`` each report carries (the table's cells, from the flat
@@ -12,13 +13,16 @@ tfmem keeps pytest-html's table as it is, and a test measured for its marker alo
 
 from __future__ import annotations
 
+import re
 from html import escape
+from typing import Any
 
 import pytest
 
+from pytest_tfmem import frameworks
 from pytest_tfmem.core import manager as core, processes
 from pytest_tfmem.core.record import BUDGET_PROPERTY, PEAK_PROPERTY, TestRecord, record_from_report
-from pytest_tfmem.core.summary import use_percent
+from pytest_tfmem.core.summary import HeaviestTests, use_percent
 from pytest_tfmem.core.verdict import view_label
 from pytest_tfmem.units import format_size
 
@@ -26,6 +30,8 @@ COLUMNS = (("tfmem_peak", "Peak memory"), ("tfmem_budget", "Budget"), ("tfmem_us
 NO_VALUES = ("-", "-", "-")  # a test not measured
 # The results table's own columns end with pytest-html's links: ours go before them.
 _BEFORE_LINKS = -1
+_PEAK_CELL = f'class="col-{COLUMNS[0][0]}"'  # the framework views' columns follow the peak's
+_PEAK_HEADER = f'class="{COLUMNS[0][0]}"'
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -63,6 +69,31 @@ class HtmlReport:
         row = [f'<td class="col-{name}">{escape(value)}</td>' for (name, _), value in zip(COLUMNS, values)]
         cells[_BEFORE_LINKS:_BEFORE_LINKS] = row
 
+    @pytest.hookimpl(tryfirst=True)  # before pytest-html's own (trylast) writes the file
+    def pytest_sessionfinish(self) -> None:
+        """A column for each framework view some test had, after the peak's. pytest-html fixes its
+        header at the session's start, before any test ran: the columns go into the header and
+        the rows it keeps once every record is in."""
+        if not self.columns:
+            return
+        tfmem = core.manager(self.config)
+        views = tfmem.reader(HeaviestTests).view_columns()
+        table = results_table(self.config)
+        if not views or table is None:
+            return
+        header, tests = table
+        titles = [f'<th class="tfmem_view">{escape(frameworks.column_title(view) or view)}</th>' for view in views]
+        _put_after_peak(header, _PEAK_HEADER, titles, replace=False)
+        not_measured = view_cells(None, views)
+        for rows in tests.values():
+            for row in rows:
+                _put_after_peak(row["resultsTableRow"], _PEAK_CELL, not_measured, replace=False)
+        for record in tfmem.records:  # read back from disk one at a time (``core.record_store``)
+            call = f'<td class="col-testId">{record.nodeid}</td>'  # its call's row (pytest-html's markup)
+            for row in tests.get(record.nodeid, ()):
+                if call in row["resultsTableRow"]:
+                    _put_after_peak(row["resultsTableRow"], _PEAK_CELL, view_cells(record, views), replace=True)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Before pytest-html's own (``trylast``) reads the report: the tfmem block as an extra."""
         record = record_from_report(report) if report.when == "call" else None
@@ -73,6 +104,45 @@ class HtmlReport:
         sections = [(title, text) for title, text in report.sections if title.startswith("tfmem ")]
         block = extras.html(details_html(record, sections))
         report.extras = [*getattr(report, "extras", []), block]  # type: ignore[attr-defined]  # pytest-html's
+
+
+def results_table(config: pytest.Config) -> tuple[list[str], dict[str, list[dict[str, Any]]]] | None:
+    """pytest-html 4's header cells and its rows by node id, each a dict whose ``resultsTableRow``
+    holds the row's cells: its ``ReportData``, rendered when its ``pytest_sessionfinish`` writes
+    the file. ``None`` where a pytest-html keeps them otherwise (its table keeps our three columns)."""
+    from pytest_html.basereport import BaseReport  # importable: --html is pytest-html's option
+
+    for plugin in config.pluginmanager.get_plugins():
+        if isinstance(plugin, BaseReport):
+            data = getattr(plugin, "_report", None)
+            header, tests = getattr(data, "table_header", None), getattr(data, "data", {}).get("tests")
+            if isinstance(header, list) and isinstance(tests, dict):
+                return header, tests
+    return None
+
+
+def view_cells(record: TestRecord | None, views: list[str]) -> list[str]:
+    """A row's cell for each framework view: the test's increase in it, as the terminal table
+    writes it, or ``-`` (not measured, or no such view)."""
+    measurement = record.measurement if record is not None else None
+    readings = [measurement.view(view) if measurement is not None else None for view in views]
+    return [
+        f'<td class="col-{view_class(view)}">{format_size(reading.increase) if reading else "-"}</td>'
+        for view, reading in zip(views, readings)
+    ]
+
+
+def view_class(view: str) -> str:
+    """``tf:CPU:0`` -> ``tfmem_view_tf_CPU_0``: the class of its column's cells."""
+    return "tfmem_view_" + re.sub(r"\W", "_", view)
+
+
+def _put_after_peak(cells: list[str], peak: str, added: list[str], *, replace: bool) -> None:
+    """Insert ``added`` after the peak's cell of ``cells`` (or, with ``replace``, put them in
+    place of as many cells there); cells without ours are left as they are."""
+    at = next((index + 1 for index, cell in enumerate(cells) if peak in cell), None)
+    if at is not None:
+        cells[at : at + len(added) if replace else at] = added
 
 
 def table_values(record: TestRecord) -> tuple[str, str, str]:
