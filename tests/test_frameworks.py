@@ -115,8 +115,11 @@ def test_the_keras_backend_is_read_as_keras_reads_it(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     assert frameworks.keras_backend() == ("tensorflow", "Keras's default")
-    (tmp_path / "keras.json").write_text(json.dumps({"backend": "torch"}))
-    assert frameworks.keras_backend() == ("torch", str(tmp_path / "keras.json"))
+    configured = tmp_path / "configured"
+    configured.mkdir()
+    (configured / "keras.json").write_text(json.dumps({"backend": "torch"}))
+    monkeypatch.setenv("KERAS_HOME", str(configured))
+    assert frameworks.keras_backend() == ("torch", str(configured / "keras.json"))
     monkeypatch.setenv("KERAS_BACKEND", "jax")
     assert frameworks.keras_backend() == ("jax", "KERAS_BACKEND")
     loaded = types.ModuleType("keras.src.backend.config")

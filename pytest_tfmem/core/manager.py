@@ -10,6 +10,8 @@ fixture. Features reach the manager with ``manager(config)`` and plug into it wi
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Callable, Generator, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any, TypeVar
@@ -149,6 +151,8 @@ class TfmemManager:
         self._measure_all: bool | None = None
         self._prepared: set[str] = set()  # the frameworks whose runtime was prepared (by module)
         self._named_by_module: dict[tuple[int, int], set[str]] = {}  # a test module's named modules
+        # What the last call found nothing to prepare for: the same again prepares nothing.
+        self._nothing_to_prepare: tuple[object, ...] | None = None
         self.collector = Collector(host.current_rss)
         self.subtests = SubtestWindows(self.trackers)
         self.first_reruns = attempts.FirstReruns()
@@ -259,11 +263,16 @@ class TfmemManager:
         Keras backend, or named by ``item``'s module or by the module a test ``imported``): let
         features configure its devices, then start its runtime (``--tfmem-tf-warmup``). Returns
         the frameworks prepared now."""
+        namespace = instance_dict(getattr(item, "module", None)) if item is not None else None
+        # Asked twice a test: while no module was imported, the test's module and the Keras
+        # backend variable are the same, the answer is (a framework a library loaded, unused).
+        state = (len(sys.modules), id(namespace), len(namespace or ()), imported, os.environ.get("KERAS_BACKEND"))
+        if state == self._nothing_to_prepare:
+            return []
         loaded = [framework for framework in frameworks.loaded() if framework.module not in self._prepared]
         if not loaded:
             return []
         named = {imported.split(".", 1)[0]} if imported else set()
-        namespace = instance_dict(getattr(item, "module", None)) if item is not None else None
         if namespace is not None:
             # asked at every test while a loaded framework is not in use: read once per module state
             key = (id(namespace), len(namespace))
@@ -281,6 +290,8 @@ class TfmemManager:
             if self.settings.tf_warmup:
                 framework.start_runtime()
             prepared.append(framework)
+        if not prepared:
+            self._nothing_to_prepare = state
         return prepared
 
     def finish(

@@ -77,14 +77,21 @@ def keras_backend() -> tuple[str, str]:
         return os.environ["KERAS_BACKEND"], "KERAS_BACKEND"
     home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
     path = os.path.join(home, "keras.json")
+    backend = _configured_backend(path)
+    if backend is not None:
+        return backend, path
+    return DEFAULT_KERAS_BACKEND, "Keras's default"
+
+
+@functools.lru_cache(maxsize=4)  # asked before every test while a loaded framework is not in use
+def _configured_backend(path: str) -> str | None:
+    """The backend a ``keras.json`` names, read once a session, as Keras reads it once on import."""
     try:
         with open(path, encoding="utf-8") as file:
             backend = json.load(file).get("backend")
     except (OSError, ValueError, AttributeError):
-        backend = None
-    if isinstance(backend, str):
-        return backend, path
-    return DEFAULT_KERAS_BACKEND, "Keras's default"
+        return None
+    return backend if isinstance(backend, str) else None
 
 
 def primary() -> Framework | None:
