@@ -9,9 +9,10 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from pytest_tfmem.core.measure import Measurement, ViewReading
-from pytest_tfmem.core.record import PROPERTY, TestRecord
+from pytest_tfmem.core.record import PROPERTY, TestRecord, publish, published_record
 from pytest_tfmem.core.record_store import RecordStore
 from pytest_tfmem.core.summary import summary_rows
+from pytest_tfmem.core.verdict import Verdict
 
 pytestmark = pytest.mark.any_os
 
@@ -37,6 +38,13 @@ def test_a_record_stays_in_memory_until_its_teardown_then_is_read_back_from_disk
     assert read[0].to_dict() == first.to_dict()
     store.close("t::b")
     assert [r.to_dict() for r in store] == [first.to_dict(), second.to_dict()]  # each pass reads the file again
+    # a record written while a pass reads the file lands after the others, and the pass goes on where it was
+    passing = iter(store)
+    assert next(passing).nodeid == "t::a"
+    store.add(record("t::c", 30))
+    store.close("t::c")
+    assert [r.nodeid for r in passing] == ["t::b"]  # the pass reads what was written when it began
+    assert [r.nodeid for r in store] == ["t::a", "t::b", "t::c"]
     store.remove()
 
 
@@ -61,6 +69,23 @@ def test_a_later_attempt_replaces_those_it_counts_and_a_retried_one():
     assert [(r.nodeid, r.measurement.peak) for r in store.by_nodeid()] == expected
     assert expected == [("t::a", 7), ("t::flaky", 300), ("t::other", 1000), ("t::other", 5)], expected
     store.remove()
+
+
+def test_a_record_read_back_in_the_process_that_published_it_is_the_decoded_one_and_its_own_copy():
+    holder = pytest.TestReport("t::a", ("t.py", 0, "a"), {}, "passed", None, "call", [], user_properties=[])
+    published = record("t::a", 10)
+    published.notes.append("first")
+    publish(holder, published)
+    published.notes.append("added after")  # not published: not what the report carries
+    decoded = TestRecord.from_dict(json.loads(dict(holder.user_properties)[PROPERTY]))
+    read = published_record(holder)
+    assert read is not None and read == decoded and read.notes == ["first"]
+    read.notes.append("a reader's own")
+    again = published_record(holder)
+    assert again == decoded and again is not read  # each reader gets a copy to change
+    published.verdicts.append(Verdict("budget", False, "over"))
+    publish(holder, published)  # published again: the report carries the new record
+    assert published_record(holder) == published and len(holder.user_properties) == 3  # record, peak, host
 
 
 def test_the_table_keeps_the_heaviest_in_order_and_ties_in_arrival_order():

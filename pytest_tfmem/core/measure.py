@@ -9,6 +9,7 @@ folded into every open window, so an inner reset never hides an outer window's p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -223,7 +224,7 @@ class Measurement:
         """The combined figure of the processes the window started (0 if none)."""
         return self.children.combined if self.children is not None else 0
 
-    @property
+    @functools.cached_property  # read by every check, section, table and report of the test
     def peak(self) -> int:
         """The process tree's figure: this process's own, plus the processes it started."""
         return self.own_peak + self.children_peak
@@ -254,7 +255,7 @@ class Measurement:
         """Its fields as JSON values, with ``peak`` and ``basis``. Built field by field rather than
         with ``dataclasses.asdict``, whose deep copy took a third of the time every test's record
         costs to publish."""
-        data = dict(vars(self))
+        data = {name: value for name, value in vars(self).items() if name in _FIELDS}
         data.update(
             views=[dict(vars(view)) for view in self.views],
             notes=list(self.notes),
@@ -279,6 +280,9 @@ class Measurement:
             first_imports=tuple(FirstImport.from_dict(booking) for booking in data.get("first_imports", ())),
             children=ChildrenReading.from_dict(data["children"]) if data.get("children") else None,
         )
+
+
+_FIELDS = frozenset(field.name for field in dataclasses.fields(Measurement))  # not what is cached beside them
 
 
 @dataclass

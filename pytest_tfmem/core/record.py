@@ -9,6 +9,7 @@ record is taken off it (``unpublish``): pytest keeps the reports to the session'
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterable
@@ -112,11 +113,31 @@ class TestRecord:
         return properties
 
 
+# The records this process published last, by the JSON they went out as. A report read back in
+# the process that made it (its call and teardown reports, by the manager, the journal and
+# pytest-html) gives a copy of its record without decoding that JSON again; a report from another
+# process (a pytest-xdist worker's, an isolated test's child's) is decoded.
+_RECENTLY_PUBLISHED = 8
+_published: dict[str, TestRecord] = {}
+
+
+def _copy(record: TestRecord) -> TestRecord:
+    """A record whose lists and sections can change without changing ``record`` (what else it
+    holds is immutable: the measurement, verdicts, retained figures)."""
+    return dataclasses.replace(
+        record, verdicts=list(record.verdicts), extra=dict(record.extra), notes=list(record.notes),
+        subtests=list(record.subtests),
+    )
+
+
 def publish(holder: pytest.Item | pytest.TestReport, record: TestRecord) -> None:
     """Put the record on ``holder``'s properties: an item's (the reports made from it carry
     them) or a report's. The one way to update a record after the fact: change it, publish it
     again, and its earlier properties are replaced where they stand."""
     fresh = dict(record.user_properties())
+    _published[str(fresh[PROPERTY])] = _copy(record)  # as it is now: a later change is published again
+    while len(_published) > _RECENTLY_PUBLISHED:
+        del _published[next(iter(_published))]
     properties = []
     for kept in holder.user_properties:
         name, value = kept
@@ -132,6 +153,10 @@ def unpublish(holder: pytest.Item | pytest.TestReport) -> None:
     """Take the record off ``holder`` once every plugin has read it (the call and teardown
     reports, the item after its teardown report): pytest keeps every report and item to the
     session's end, and the record is kept on disk (``core.record_store``). The flat figures stay."""
+    if isinstance(holder, pytest.TestReport):  # logged: the item holds no more than its last report
+        for name, value in holder.user_properties:
+            if name == PROPERTY and isinstance(value, str):
+                _published.pop(value, None)
     holder.user_properties[:] = [kept for kept in holder.user_properties if kept[0] != PROPERTY]
 
 
@@ -139,7 +164,8 @@ def published_record(holder: pytest.Item | pytest.TestReport) -> TestRecord | No
     """The record ``publish`` put on ``holder``, or ``None``."""
     for name, value in holder.user_properties:
         if name == PROPERTY and isinstance(value, str):
-            return TestRecord.from_dict(json.loads(value))
+            known = _published.get(value)
+            return _copy(known) if known is not None else TestRecord.from_dict(json.loads(value))
     return None
 
 
