@@ -35,6 +35,7 @@ from pytest_tfmem.journal.format import (
     reading_due,
     results_path,
 )
+from pytest_tfmem.probes import host
 from pytest_tfmem.probes.sampler import Sampler
 from pytest_tfmem.probes.watchdog import ProcessGone, ProcessTreeRss
 
@@ -67,7 +68,9 @@ class ReadingsThread:
         self._sampler.stop()
 
     def begin(self, nodeid: str) -> int:
-        rss = self._read()
+        # Without descendants at the last listing (the sampler lists them every second), this
+        # process's size alone: the same figure, read from a smaller file.
+        rss = self._read() if self._reader.descendants else host.current_rss()
         with self._lock:
             now = time.monotonic()
             self._running = _RunningTest(nodeid, now, peak=rss, written_peak=rss, written_at=now)

@@ -19,9 +19,13 @@ window is open, and hands each window a ``ChildrenReading``:
 - how each ended: its exit code or signal, where this process reaped it, and the machine's or
   cgroup's OOM kill count, so that a child the OOM killer took is named.
 
-A window that starts no process costs one question at each end (Linux: a ``waitid`` call) and a
-wake-up of the watch's thread every ``INTERVAL_S`` that asks the same (no child: nothing more to
-read).
+A window that starts no process costs one question at each end (Linux: a ``waitid`` call). The
+watch's thread asks the same every ``LOOK_S`` while windows open and close, and reads the
+descendants every ``INTERVAL_S`` once there are any; it is not woken for each window (a wake-up
+for each of thousands of short tests cost more than all the rest of their measurement), and it
+sleeps once no window has been open for ``IDLE_AFTER_S``. A process started and ended between two
+looks is still read: where it is reaped through ``os.waitpid`` (its ``ru_maxrss``), and at the
+window's end if it has not been reaped yet.
 Processes already running when a window opens (an isolation template, a pool a wider fixture
 started) are not the window's, nor are those a span left out of it starts (a first import's).
 A fork of this process tells its size at the fork itself (``ForkSizes``).
@@ -41,7 +45,9 @@ from pytest_tfmem.platforms.fork_sizes import ForkSizes
 from pytest_tfmem.probes import host, system
 from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, killed_by_oom_killer, signal_cause
 
-INTERVAL_S = 0.005
+INTERVAL_S = 0.005  # how often descendants are read while a window has any
+LOOK_S = 0.05  # how often the thread looks for a first one while windows have none
+IDLE_AFTER_S = 1.0  # the thread sleeps once no window has been open for this long
 # How often the list of descendants is refreshed when no process was started anywhere.
 _REFRESH_S = 0.25
 
@@ -123,6 +129,7 @@ class ChildWatch:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._last_closed = float("-inf")  # when the last open window closed
         self._last_pid = b""
         self._refreshed = 0.0
         self._waitpid: Callable[[int, int], tuple[int, int]] | None = None  # the original, while replaced
@@ -152,6 +159,7 @@ class ChildWatch:
             self._windows.remove(window)
             reading = self._reading(window)
             if not self._windows:
+                self._last_closed = time.monotonic()
                 self._tree.forget()  # a process still running stays known: what stays is read between tests
                 self._reaped.clear()
                 self._restore_waitpid()
@@ -198,18 +206,19 @@ class ChildWatch:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="tfmem-children", daemon=True)
             self._thread.start()
-        self._wake.set()
+        self._wake.set()  # wakes the thread only where it sleeps: set already while it looks
 
     def _run(self) -> None:
         while True:
             self._wake.wait()
             with self._lock:
-                if not self._windows:
+                if not self._windows and time.monotonic() - self._last_closed >= IDLE_AFTER_S:
                     self._wake.clear()
                     continue
-                if self._anything_to_read():
+                found = bool(self._windows) and self._anything_to_read()
+                if found:
                     self._tick()
-            time.sleep(INTERVAL_S)
+            time.sleep(INTERVAL_S if found else LOOK_S)
 
     def _refresh(self) -> None:
         self._last_pid, self._refreshed = self.platform.processes_started(), time.monotonic()
