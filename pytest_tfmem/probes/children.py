@@ -22,10 +22,11 @@ window is open, and hands each window a ``ChildrenReading``:
 A window that starts no process costs one question at each end (Linux: a ``waitid`` call). The
 watch's thread asks the same every ``LOOK_S`` while windows open and close, and reads the
 descendants every ``INTERVAL_S`` once there are any; it is not woken for each window (a wake-up
-for each of thousands of short tests cost more than all the rest of their measurement), and it
-sleeps once no window has been open for ``IDLE_AFTER_S``. A process started and ended between two
-looks is still read: where it is reaped through ``os.waitpid`` (its ``ru_maxrss``), and at the
-window's end if it has not been reaped yet.
+for each of thousands of short tests was a large share of their cost on two cores), and it
+sleeps once no window has been open for ``IDLE_AFTER_S``. A process that starts after one look and
+ends before the next is still read where it is reaped through ``os.waitpid`` (its ``ru_maxrss``),
+and one still running when the window ends is read then; one reaped elsewhere (a shell's child)
+that lived less than ``LOOK_S`` is missed.
 Processes already running when a window opens (an isolation template, a pool a wider fixture
 started) are not the window's, nor are those a span left out of it starts (a first import's).
 A fork of this process tells its size at the fork itself (``ForkSizes``).
