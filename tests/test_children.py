@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from cgroup_helpers import memory_cgroup, oom_kills, run_pytest_in
 
 from pytest_tfmem.core.summary import combined_basis
+from pytest_tfmem.probes import children
 from pytest_tfmem.probes.children import ChildFigure, ChildrenReading, _combined
 from pytest_tfmem.probes.watchdog import ProcessMark
 
@@ -426,3 +428,28 @@ def test_a_process_a_first_import_starts_is_left_out_with_the_import(pytester: p
     importer = tests["test_imports_a_module_that_runs_a_helper"]
     assert importer["measurement"]["children"] is None and importer["outcome"] == "passed"
     assert 40 * MiB <= _children(tests["test_starts_its_own"]).combined <= 70 * MiB
+
+
+def test_the_watch_s_thread_looks_between_windows_without_a_wake_up_and_sleeps_when_idle(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.setattr(children, "IDLE_AFTER_S", 0.3)
+    watch = children.ChildWatch()
+    for _ in range(20):  # a run of short tests: the thread is woken once, then looks on its own
+        watch.close(watch.open())
+        assert watch._wake.is_set()
+    window = watch.open()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4)"])
+    try:
+        deadline = time.monotonic() + 2
+        while child.pid not in window.seen and time.monotonic() < deadline:  # found by a look, not at the end
+            time.sleep(0.01)
+        assert child.pid in window.seen
+    finally:
+        child.wait()
+        reading = watch.close(window)
+    assert reading is not None and [figure.pid for figure in reading.processes] == [child.pid]
+    deadline = time.monotonic() + 2
+    while watch._wake.is_set() and time.monotonic() < deadline:  # no window for IDLE_AFTER_S: it sleeps
+        time.sleep(0.05)
+    assert not watch._wake.is_set()
