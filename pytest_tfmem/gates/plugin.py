@@ -113,7 +113,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # what the JSON report says of every test, gathered in the one pass of the records at the end
     tfmem_manager.add_reader(SummaryCounts, SummaryCounts)
     tfmem_manager.add_reader(RetainedFigures, RetainedFigures)
-    tfmem_manager.add_reader(Comparisons, Comparisons)  # the summaries' comparisons with the baseline
+    baseline_tests = gates.baseline.tests if gates.baseline is not None else {}
+    tfmem_manager.add_reader(Comparisons, lambda: Comparisons(baseline_tests))  # the summaries' comparisons
 
 
 class CiGates:
@@ -237,14 +238,14 @@ class CiGates:
         if self.github_summary:
             self._append_step_summary(session, bool(records), markdown)
 
-    def not_run(self, measured: list[str]) -> str | None:
+    def not_run(self, measured: set[str]) -> str | None:
         """How many baseline tests this session did not measure (a shard runs only its share)."""
         if self.baseline is None:
             return None
         return not_run_note(self.baseline.tests, measured, where="in this session")
 
-    def notes(self, measured: list[str]) -> list[str]:
-        """What the Markdown summary says above its tables (``measured``: the tests' node ids)."""
+    def notes(self, measured: set[str]) -> list[str]:
+        """What the Markdown summary says above its tables (``measured``: the baseline's tests measured)."""
         not_run = self.not_run(measured)
         return self.environment_notes + ([not_run] if not_run else [])
 

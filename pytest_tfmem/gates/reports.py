@@ -19,7 +19,7 @@ The JSON report is a contract; its schema (documented in the README) is::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -233,17 +233,19 @@ def comparison_markdown(comparisons: Sequence[Comparison], *, title: str, notes:
 class Comparisons:
     """What the session's comparisons with a baseline come to, gathered one record at a time (a
     reader of ``TfmemManager``): whether any test was compared, the comparisons beyond tolerance
-    (regressions, improvements), the tests not in the baseline, and the tests measured."""
+    (regressions, improvements), the tests not in the baseline, and which of ``baseline_tests``
+    were measured (what ``not_run_note`` needs: no node id is kept without a baseline)."""
 
-    def __init__(self) -> None:
+    def __init__(self, baseline_tests: Collection[str] = ()) -> None:
         self.compared = False
         self._moved: list[Comparison] = []
         self.new: set[str] = set()
-        self.measured: list[str] = []
+        self._baseline_tests = baseline_tests
+        self.measured: set[str] = set()
 
     def add(self, record: TestRecord) -> None:
-        if record.measurement is not None:
-            self.measured.append(record.nodeid)
+        if record.measurement is not None and record.nodeid in self._baseline_tests:
+            self.measured.add(record.nodeid)
         for comparison in comparisons_from_record(record):
             self.compared = True
             if comparison.status in (REGRESSION, IMPROVEMENT):
