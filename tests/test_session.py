@@ -330,3 +330,63 @@ def test_a_test_is_never_said_to_have_left_more_than_it_retained():
         "reused memory freed before the test"
     )
     assert stayed.named_within(34 * MIB) == 34 * MIB and stayed.named_within(80 * MIB) == 60 * MIB
+
+
+def _retained_series(count: int, worker: str | None = None):
+    """``count`` tests' figures as a process would record them: each test starts where the last
+    ended plus a little grown between them, and some leave a few MiB."""
+    from pytest_tfmem.core.retained import Booking, Level, Retained
+
+    entries, rss = [], 500 * MIB
+    for seq in range(count):
+        before = Level(rss + (seq % 3) * 4096, tf_in_use=seq % 5, tf_pool=8 * MIB)
+        left = (seq % 11) * MIB // 4 - MIB  # some give back, some keep up to 1.5 MiB
+        after = Level(before.rss + left, tf_in_use=before.tf_in_use, tf_pool=8 * MIB)
+        bookings = (Booking("fixture", "table (module scope)", "setup", 2 * MIB),) if seq % 500 == 0 else ()
+        retained = Retained(before, after, bookings, seq=seq, worker=worker, stayed=(f"list +{seq}",))
+        entries.append((f"t.py::test[{seq}]", retained))
+        rss = after.rss
+    return entries
+
+
+def test_the_books_fed_in_any_order_give_the_pairwise_figures_and_the_heaviest_tests():
+    import random
+
+    from pytest_tfmem.core.retained import SessionAccount
+
+    entries = _retained_series(300, "gw0") + _retained_series(200, "gw1")
+    shuffled = random.Random(7).sample(entries, len(entries))
+    books = SessionAccount()
+    for nodeid, retained in shuffled:
+        books.add(nodeid, retained)
+    for process in books.processes:
+        ran = sorted((r for _, r in entries if r.worker == process.worker), key=lambda r: r.seq)
+        assert process.tests == len(ran) and process.start == ran[0].before and process.end == ran[-1].after
+        assert process.between_tests == sum(b.before.held - a.after.held for a, b in zip(ran, ran[1:]))
+        assert process.between_tests != 0  # the series grows between tests: the sum is not trivially 0
+        parts = (process.tests_bytes, process.booked_bytes("fixture"), process.pool_free_growth, process.between_tests)
+        assert process.growth == sum(parts)  # the books balance
+    every = sorted(((r.bytes, nodeid) for nodeid, r in entries), key=lambda e: (-e[0], e[1]))
+    heaviest = [(r.bytes, r.name) for r in books.top_retainers(10, at_least=0) if r.kind == "test"]
+    assert heaviest == every[: len(heaviest)] and len(heaviest) >= 8  # two fixtures may rank among them
+
+
+def test_the_books_are_the_same_size_after_a_thousand_tests_and_after_twenty_thousand():
+    import tracemalloc
+
+    from pytest_tfmem.core.retained import SessionAccount
+
+    entries = [(nodeid, retained) for nodeid, retained in _retained_series(20_000) if not retained.bookings]
+    books = SessionAccount()
+    tracemalloc.start()
+    try:
+        for nodeid, retained in entries[:1_000]:
+            books.add(nodeid, retained)
+        after_a_thousand = tracemalloc.get_traced_memory()[0]
+        for nodeid, retained in entries[1_000:]:
+            books.add(nodeid, retained)
+        after_all = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert books.processes[0].tests == len(entries)
+    assert after_all - after_a_thousand < 16 * 2**10, after_all - after_a_thousand  # a list of them: ~1 MiB more

@@ -230,13 +230,10 @@ def run_plot(args: argparse.Namespace) -> int:
     _output(args.output, IMAGE, "--output")
     report = _load(load_report, args.report)
     if args.session:
-        from pytest_tfmem.core.record import session_account
-
-        account = session_account(report.tests)
-        if not account.processes:
+        if all(record.retained is None for record in report.tests):
             raise CliError(f"{args.report} holds no retained figures (written before pytest-tfmem measured them)")
         try:
-            drawn = plot_session(account, args.output, top=min(args.top, 10))
+            drawn = plot_session(report.tests, args.output, top=args.top)
         except OSError as error:
             raise CliError(f"cannot write {args.output!r}: {error.strerror or error}") from None
         print(f"{args.output}: the process after each of {drawn} test(s)")

@@ -3,11 +3,11 @@ process's size after each test, with the top retainers marked."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from pytest_tfmem.core.record import TestRecord
-from pytest_tfmem.core.retained import TEST, SessionAccount
+from pytest_tfmem.core.record import TestRecord, session_account
+from pytest_tfmem.core.retained import HEAVIEST_KEPT, TEST
 from pytest_tfmem.units import format_size
 
 MIB = 2**20
@@ -74,34 +74,40 @@ def _short(nodeid: str, width: int = 60) -> str:
     return nodeid if len(nodeid) <= width else "..." + nodeid[-(width - 3):]
 
 
-def plot_session(account: SessionAccount, path: str | Path, *, top: int = 5) -> int:
+def plot_session(records: Iterable[TestRecord], path: str | Path, *, top: int = 5) -> int:
     """Draw each process's size after each test (one line per pytest-xdist worker), with the
-    ``top`` retainers marked where they left their memory; return how many tests were drawn."""
+    ``top`` retainers marked where they left their memory (at most ``HEAVIEST_KEPT``: the books keep
+    no more tests); return how many tests were drawn."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    records = list(records)
+    account = session_account(records)
+    retained = [(record.nodeid, record.retained) for record in records if record.retained is not None]
     figure = Figure(figsize=(10, 5), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    marked = {(r.worker, r.name) for r in account.top_retainers(top) if r.kind == TEST}
-    fixtures = {(r.worker, r.name) for r in account.top_retainers(top) if r.kind != TEST}
+    heaviest = account.top_retainers(min(top, HEAVIEST_KEPT))
+    marked = {(r.worker, r.name) for r in heaviest if r.kind == TEST}
+    fixtures = {(r.worker, r.name) for r in heaviest if r.kind != TEST}
     drawn = 0
     for process in account.processes:
-        sizes = [process.start.total / MIB, *(retained.after.total / MIB for _, retained in process.tests)]
+        tests = sorted((entry for entry in retained if entry[1].worker == process.worker), key=lambda e: e[1].seq)
+        sizes = [process.start.total / MIB, *(figures.after.total / MIB for _, figures in tests)]
         label = process.worker or "process"
         axes.plot(range(len(sizes)), sizes, marker=".", label=f"{label}: RSS after each test")
-        for index, (nodeid, retained) in enumerate(process.tests, start=1):
+        for index, (nodeid, figures) in enumerate(tests, start=1):
             names = [
                 f"{b.name} {b.detail} {format_size(b.bytes, signed=True)}"
-                for b in retained.bookings if (process.worker, b.name) in fixtures
+                for b in figures.bookings if (process.worker, b.name) in fixtures
             ]
             if (process.worker, nodeid) in marked:
-                names.insert(0, f"{_short(nodeid, 40)} {format_size(retained.bytes, signed=True)}")
+                names.insert(0, f"{_short(nodeid, 40)} {format_size(figures.bytes, signed=True)}")
             if names:
-                axes.annotate("\n".join(names), (index, retained.after.total / MIB), fontsize=7,
+                axes.annotate("\n".join(names), (index, figures.after.total / MIB), fontsize=7,
                               xytext=(4, 8), textcoords="offset points", arrowprops={"arrowstyle": "-"})
-        drawn += len(process.tests)
+        drawn += len(tests)
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("tests run (in order)")
     axes.set_ylabel("process RSS (MiB)")

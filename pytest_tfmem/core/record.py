@@ -181,18 +181,17 @@ def record_from_report(report: pytest.TestReport) -> TestRecord | None:
 
 
 class RetainedFigures:
-    """What each test left behind, gathered one record at a time (``TfmemManager.reader``): the
-    session's books are made of them."""
+    """The session's books (``SessionAccount``), fed one record at a time (``TfmemManager.reader``)."""
 
     def __init__(self) -> None:
-        self.entries: list[tuple[str, Retained]] = []
+        self.books = SessionAccount()
 
     def add(self, record: TestRecord) -> None:
         if record.retained is not None:
-            self.entries.append((record.nodeid, record.retained))
+            self.books.add(record.nodeid, record.retained)
 
     def account(self) -> SessionAccount:
-        return SessionAccount.of(self.entries)
+        return self.books
 
 
 def session_account(records: Iterable[TestRecord]) -> SessionAccount:

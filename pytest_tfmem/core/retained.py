@@ -20,9 +20,8 @@ Pure values and arithmetic; ``current_level`` is the one reader.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_tfmem.core import measure
@@ -246,33 +245,72 @@ def _heaviest_first(retainer: Retainer) -> tuple[int, str]:
     return -retainer.weight, retainer.name
 
 
-@dataclass(frozen=True)
-class ProcessAccount:
-    """One process's books (the session's, a pytest-xdist worker's, a replacement process's):
-    its measured tests' ``(node id, Retained)`` in the order they ran."""
+HEAVIEST_KEPT = 10  # the most tests any list of retainers names (the terminal's 5, ``tfmem plot --top``'s 10)
 
-    worker: str | None
-    tests: tuple[tuple[str, Retained], ...]
+
+class ProcessAccount:
+    """One process's books (the session's, a pytest-xdist worker's, a replacement process's), kept
+    as running figures while its measured tests' ``Retained`` are added, in any order: what the
+    account says needs no test's figures but the first's and last's levels (by ``seq``), sums,
+    the bookings (a few per fixture or import, not per test) and the heaviest tests. So a session's
+    books stay the same size however many tests it runs."""
+
+    def __init__(self, worker: str | None) -> None:
+        self.worker = worker
+        self.tests = 0  # how many measured tests were added
+        self.tests_bytes = 0
+        self._first: tuple[int, Level] | None = None  # (seq, the level before the first test)
+        self._last: tuple[int, Level] | None = None  # (seq, the level after the last test)
+        self._held_before = 0  # the sums of ``Level.held`` before and after each test
+        self._held_after = 0
+        self._bookings: list[tuple[int, str, Booking]] = []  # (seq, node id, booking)
+        self._cleared: int | None = None
+        self._cleared_by: dict[str, None] = {}  # what the clearing did, in the order first seen
+        self.weighed_tests = 0  # tests whose kept memory was weighed against the holders named
+        self.weighed_bytes = 0  # what they kept
+        self.named_bytes = 0  # what the holders named account for of it
+        self._heaviest: list[Retainer] = []  # the heaviest tests, at least the ``HEAVIEST_KEPT`` heaviest
+
+    def add(self, nodeid: str, retained: Retained) -> None:
+        self.tests += 1
+        self.tests_bytes += retained.bytes
+        if self._first is None or retained.seq < self._first[0]:
+            self._first = (retained.seq, retained.before)
+        if self._last is None or retained.seq >= self._last[0]:
+            self._last = (retained.seq, retained.after)
+        self._held_before += retained.before.held
+        self._held_after += retained.after.held
+        self._bookings += [(retained.seq, nodeid, booking) for booking in retained.bookings]
+        if retained.cleared is not None:
+            self._cleared = (self._cleared or 0) + retained.cleared
+        self._cleared_by.update(dict.fromkeys(retained.cleared_by))
+        if retained.named_bytes is not None and retained.bytes > 0:
+            self.weighed_tests += 1
+            self.weighed_bytes += retained.bytes
+            self.named_bytes += min(retained.named_bytes, retained.bytes)
+        self._heaviest.append(Retainer(TEST, nodeid, retained.bytes, "; ".join(retained.stayed), worker=self.worker))
+        if len(self._heaviest) >= 2 * HEAVIEST_KEPT:  # sorted and cut now and then: a sort per test would cost more
+            self._heaviest = sorted(self._heaviest, key=_heaviest_first)[:HEAVIEST_KEPT]
 
     @property
     def start(self) -> Level:
-        return self.tests[0][1].before
+        assert self._first is not None, "an account of no test"
+        return self._first[1]
 
     @property
     def end(self) -> Level:
-        return self.tests[-1][1].after
+        assert self._last is not None, "an account of no test"
+        return self._last[1]
 
     @property
     def growth(self) -> int:
         """RSS at the end less RSS at the start, the running descendants' included."""
         return self.end.total - self.start.total
 
-    @property
-    def tests_bytes(self) -> int:
-        return sum(retained.bytes for _, retained in self.tests)
-
     def bookings(self, kind: str) -> list[tuple[str, Booking]]:
-        return [(nodeid, b) for nodeid, retained in self.tests for b in retained.bookings if b.kind == kind]
+        """The bookings of ``kind`` with their tests' node ids, in the order the tests ran."""
+        ordered = sorted(self._bookings, key=lambda entry: entry[0])
+        return [(nodeid, booking) for _, nodeid, booking in ordered if booking.kind == kind]
 
     def booked_bytes(self, kind: str) -> int:
         return sum(b.bytes for _, b in self.bookings(kind))
@@ -284,9 +322,10 @@ class ProcessAccount:
 
     @property
     def between_tests(self) -> int:
-        """What grew between one measured test's end and the next one's start."""
-        pairs = zip(self.tests, self.tests[1:])
-        return sum(after[1].before.held - before[1].after.held for before, after in pairs)
+        """What grew between one measured test's end and the next one's start: the sum over
+        neighbours of (next before - this after) is every test's before but the first's, less
+        every test's after but the last's."""
+        return (self._held_before - self.start.held) - (self._held_after - self.end.held)
 
     @property
     def explained(self) -> int:
@@ -299,15 +338,15 @@ class ProcessAccount:
 
     @property
     def cleared(self) -> int | None:
-        figures = [retained.cleared for _, retained in self.tests if retained.cleared is not None]
-        return sum(figures) if figures else None
+        return self._cleared
+
+    @property
+    def cleared_by(self) -> list[str]:
+        return list(self._cleared_by)
 
     def retainers(self) -> list[Retainer]:
-        """Every test, fixture and first import with what it left, largest first."""
-        found = [
-            Retainer(TEST, nodeid, retained.bytes, "; ".join(retained.stayed), worker=self.worker)
-            for nodeid, retained in self.tests
-        ]
+        """The heaviest tests, every fixture and first import, with what they left, largest first."""
+        found = list(self._heaviest)
         fixtures: dict[str, list[Booking]] = {}
         for _, booking in self.bookings(FIXTURE):
             fixtures.setdefault(booking.name, []).append(booking)
@@ -327,7 +366,7 @@ class ProcessAccount:
         )
         return {
             "worker": self.worker,
-            "tests": len(self.tests),
+            "tests": self.tests,
             "start_bytes": self.start.total,
             "end_bytes": self.end.total,
             "growth_bytes": self.growth,
@@ -345,24 +384,23 @@ class ProcessAccount:
         }
 
 
-def process_accounts(entries: Iterable[tuple[str, Retained]]) -> list[ProcessAccount]:
-    """One account per process (worker), from ``(node id, Retained)`` pairs in any order."""
-    ordered = sorted(entries, key=lambda entry: (entry[1].worker or "", entry[1].seq))
-    return [
-        ProcessAccount(worker, tuple(group))
-        for worker, group in itertools.groupby(ordered, key=lambda entry: entry[1].worker)
-    ]
-
-
-@dataclass(frozen=True)
 class SessionAccount:
-    """The whole session: one ``ProcessAccount`` per process that ran tests, merged."""
+    """The whole session: one ``ProcessAccount`` per process that ran tests (pytest-xdist workers,
+    replacement processes), merged; fed one test at a time, in any order."""
 
-    processes: tuple[ProcessAccount, ...] = field(default_factory=tuple)
+    def __init__(self) -> None:
+        self._by_worker: dict[str | None, ProcessAccount] = {}
 
-    @classmethod
-    def of(cls, entries: Iterable[tuple[str, Retained]]) -> SessionAccount:
-        return cls(tuple(process_accounts(entries)))
+    def add(self, nodeid: str, retained: Retained) -> None:
+        process = self._by_worker.get(retained.worker)
+        if process is None:
+            process = self._by_worker[retained.worker] = ProcessAccount(retained.worker)
+        process.add(nodeid, retained)
+
+    @property
+    def processes(self) -> list[ProcessAccount]:
+        """The processes' accounts, by worker name (the session's own process first)."""
+        return sorted(self._by_worker.values(), key=lambda process: process.worker or "")
 
     def total(self, figure: Callable[[ProcessAccount], int]) -> int:
         return sum(figure(process) for process in self.processes)
@@ -384,8 +422,7 @@ class SessionAccount:
     @property
     def cleared_by(self) -> list[str]:
         """What the clearing did in any test, in the order first seen."""
-        done = (action for p in self.processes for _, retained in p.tests for action in retained.cleared_by)
-        return list(dict.fromkeys(done))
+        return list(dict.fromkeys(action for process in self.processes for action in process.cleared_by))
 
     def top_retainers(self, count: int, at_least: int = NOTABLE_RETAINER) -> list[Retainer]:
         """Who had left the most (or, for a fixture, held), at least ``at_least``, over every process."""

@@ -15,10 +15,11 @@ the process grew.
 What other parts of a session read here: ``manager(config).last_boundary`` (a
 ``core.retained.Boundary``), the process after the last measured test's teardown with that
 test's retained figure (read once; a limit on the process reads it rather than the process
-again), and ``core.record.session_account(records).top_retainers(n)``, who left the most (also
-in a pytest-xdist worker, from its own records). Books are kept wherever tests run one after
-the other (``processes.keeps_books``): the session's process, pytest-xdist workers, replacement
-processes (their figures come back on the reports they send); not in an isolated test's process.
+again), and ``manager(config).reader(RetainedFigures).account()``, the books (who left the
+most: ``top_retainers(n)``), fed one record at a time and the same size however many tests ran.
+Books are kept wherever tests run one after the other (``processes.keeps_books``): the session's
+process, pytest-xdist workers, replacement processes (their figures come back on the reports they
+send); not in an isolated test's process.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def process_line(process: ProcessAccount) -> str:
     who = f"{process.worker}: " if process.worker else "process "
     return (
         f"{who}{format_size(process.start.total)} -> {format_size(process.end.total)} ({_signed(process.growth)}) "
-        f"over {len(process.tests)} measured test{'s' if len(process.tests) != 1 else ''}: "
+        f"over {process.tests} measured test{'s' if process.tests != 1 else ''}: "
         + ", ".join(parts) + explained
     )
 
@@ -58,7 +58,7 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
     if cleared is not None:
         # One clearing after each test: what a test makes again after one (JAX's compiled code) is
         # freed again by the next, so the sum is no saving; the process's net growth stands beside it.
-        tests = sum(len(process.tests) for process in account.processes)
+        tests = sum(process.tests for process in account.processes)
         grown = "the process" if len(account.processes) == 1 else f"the {len(account.processes)} processes"
         lines.append(f"--tfmem-clear-session freed {format_size(max(cleared, 0))} in {tests} clearings (their sum); "
                      f"{grown} grew {_signed(account.growth)}"
@@ -73,17 +73,16 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
 def native_lines(account: SessionAccount) -> list[str]:
     """Where most of what the weighed tests kept is memory no Python object accounts for (a
     framework's compiled code, allocator pools): say so, and what gives it back."""
-    weighed = [retained for process in account.processes for _, retained in process.tests
-               if retained.named_bytes is not None and retained.bytes > 0]
-    kept = sum(retained.bytes for retained in weighed)
-    named = sum(min(retained.named_bytes or 0, retained.bytes) for retained in weighed)
+    weighed = sum(process.weighed_tests for process in account.processes)
+    kept = sum(process.weighed_bytes for process in account.processes)
+    named = sum(process.named_bytes for process in account.processes)
     if not weighed or named * 2 >= kept:
         return []
     clearing = ("" if account.cleared is not None
                 else "; --tfmem-clear-session clears Keras's and the frameworks' caches after each test")
     return [
         f"most of it is native memory: the objects named account for {format_size(named)} of the "
-        f"{format_size(kept)} that {len(weighed)} test{'s' if len(weighed) != 1 else ''} weighed kept{clearing}; "
+        f"{format_size(kept)} that {weighed} test{'s' if weighed != 1 else ''} weighed kept{clearing}; "
         "what a process does not give back, a fresh one does: --tfmem-session-limit=SIZE replaces the "
         "process once it holds more"
     ]
