@@ -167,12 +167,11 @@ def _subtest_rows(
 
 def render_table(rows: list[list[str]]) -> list[str]:
     """Align columns: the first left-aligned, the rest right-aligned."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:], widths[1:])]
-        lines.append("  ".join(cells).rstrip())
-    return lines
+    first, *widths = [max(map(len, column)) for column in zip(*rows)]
+    return [
+        "  ".join([row[0].ljust(first), *map(str.rjust, row[1:], widths)]).rstrip()
+        for row in rows
+    ]
 
 
 def section_text(record: TestRecord) -> str:

@@ -107,6 +107,7 @@ def device_views() -> list[DeviceView]:
 
 
 @functools.lru_cache(maxsize=256)  # a session has a few view names; each test's figures ask several times
+@functools.cache  # a session has a few views, asked about for every test's figures and lines
 def owner(view: str) -> Framework | None:
     """The framework whose device view ``view`` is (``tf:CPU:0``: TensorFlow)."""
     return next((framework for framework in KNOWN if view.startswith(framework.view_prefix)), None)
