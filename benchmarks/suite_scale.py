@@ -10,6 +10,12 @@ measured), the two at the same time on one core, as ``benchmarks/suite_overhead.
 pairs (its module docstring says why). For each session: its CPU time and its largest resident
 size (``os.wait4``), and the size of the results journal it wrote.
 
+Every suite but the largest runs as ``--repeat`` pairs (3 by default), and its row gives the
+pair whose extra CPU time is the median, with every pair's extra CPU time beside it: a session's
+start (importing TensorFlow) varies by a few tenths of a second, as much as a thousand trivial
+tests cost, so one pair says little of the first slope. The largest suite runs once: its
+slope is over the most tests, where that variation is a small part.
+
 Each row after a suite's first gives the *slopes* from the row before it: the extra CPU time
 and the extra memory of the session with tfmem, per test added. A one-test session's row gives
 the fixed start (the plugin's import, its set-up and its summary), on its own, so the slopes
@@ -69,9 +75,11 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
     for framework in frameworks:
         before: tuple[int, float, int] | None = None  # tests, extra CPU s, extra bytes
         for count in sizes:
-            pair = pairs[job_name(framework, count)][0]
-            plain, measured = pair[False], pair[True]
+            repeats = sorted(pairs[job_name(framework, count)], key=lambda pair: pair[True].cpu_s - pair[False].cpu_s)
+            plain, measured = repeats[len(repeats) // 2][False], repeats[len(repeats) // 2][True]
             extra_s, extra_bytes = measured.cpu_s - plain.cpu_s, measured.peak_bytes - plain.peak_bytes
+            each = ", ".join(f"{pair[True].cpu_s - pair[False].cpu_s:+.2f}" for pair in repeats)
+            extra_cell = f"{extra_s:+.2f} s" + (f" ({each})" if len(repeats) > 1 else "")
             if before is None:
                 time_slope = memory_slope = "-"
             else:
@@ -79,7 +87,7 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
                 time_slope = f"{(extra_s - before[1]) / added * 1000:+.2f} ms"
                 memory_slope = f"{(extra_bytes - before[2]) / added:+,.0f} B"
             table.append([
-                framework, f"{count:,}", f"{plain.cpu_s:.2f} s", f"{measured.cpu_s:.2f} s", f"{extra_s:+.2f} s",
+                framework, f"{count:,}", f"{plain.cpu_s:.2f} s", f"{measured.cpu_s:.2f} s", extra_cell,
                 time_slope, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
                 f"{format_size(extra_bytes)}", memory_slope, f"{journals[job_name(framework, count)] / count:,.0f} B",
             ])
@@ -87,7 +95,7 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
     return table
 
 
-HEADER = ["imports", "tests", "CPU without", "CPU with", "extra CPU", "extra CPU per test added",
+HEADER = ["imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
           "peak without", "peak with", "extra peak", "extra peak per test added", "journal per test"]
 
 
@@ -97,14 +105,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated numbers of tests, smallest first (default 1,1000,10000,100000)")
     parser.add_argument("--frameworks", default="none,tensorflow",
                         help=f"comma-separated, of {', '.join(PRELUDES)} (default both)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="pairs of sessions for each suite but the largest, which runs once (default 3)")
     parser.add_argument("--output", help=f"also write the table into this Markdown page (as {DOCS_PAGE})")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat: {args.repeat}; expected a whole number >= 1")
     sizes = sorted(int(size) for size in args.sizes.split(","))
     frameworks = args.frameworks.split(",")
     if not set(frameworks) <= set(PRELUDES):
         parser.error(f"--frameworks: unknown {sorted(set(frameworks) - set(PRELUDES))}; known: {', '.join(PRELUDES)}")
     cores = sorted(os.sched_getaffinity(0))
-    jobs = [job_name(framework, count) for framework in frameworks for count in reversed(sizes)]  # longest first
+    jobs = [  # longest first
+        job_name(framework, count)
+        for count in reversed(sizes)
+        for _ in range(1 if count == sizes[-1] else args.repeat)
+        for framework in frameworks
+    ]
     with tempfile.TemporaryDirectory(prefix="tfmem-suite-scale-") as temporary:
         root = Path(temporary)
         suites = {
@@ -126,14 +143,16 @@ def main(argv: list[str] | None = None) -> int:
                 (suite[True][job] / JOURNAL).stat().st_size
                 for suite in suites.values() if (suite[True][job] / JOURNAL).exists()
             )
-            for job in jobs
+            for job in set(jobs)
         }
     text = "\n".join(markdown_table(HEADER, rows(frameworks, sizes, pairs, journals))) + "\n"
     print(text)
     if args.output:
+        repeated = (f"every suite but the largest ran as {args.repeat} pairs, and its row is the pair with the median "
+                    "extra CPU (every pair's in parentheses); " if args.repeat > 1 else "")
         intro = (f"## At scale\n\n{machine.written_by('benchmarks/suite_scale.py', argv)}. Trivial tests, each "
-                 "suite one session without and one with tfmem at the same time on one core; the slopes are from the "
-                 "row above. See the module docstring of `benchmarks/suite_scale.py`.\n\n")
+                 f"pair one session without and one with tfmem at the same time on one core; {repeated}the slopes are "
+                 "from the row above. See the module docstring of `benchmarks/suite_scale.py`.\n\n")
         machine.write_section(Path(args.output), "suite_scale.py", intro + text, "What measuring every test costs")
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,13 +147,13 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
     assert "| `core/measure.py` | " in profile and "| all of pytest-tfmem | " in profile
 
 
-@pytest.mark.slow  # four sessions of up to 400 trivial tests: about 25 s (TensorFlow's rows: docs/suite-overhead.md)
+@pytest.mark.slow  # six sessions of up to 400 trivial tests: about 30 s (TensorFlow's rows: docs/suite-overhead.md)
 def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_script_keeps_them(tmp_path):
     page = tmp_path / "overhead.md"
     page.write_text("# What measuring every test costs\n\nthe overhead table\n")
     completed = subprocess.run(
         [sys.executable, str(REPOSITORY / "benchmarks" / "suite_scale.py"), "--sizes", "1,400",
-         "--frameworks", "none", "--output", str(page)],
+         "--frameworks", "none", "--repeat", "2", "--output", str(page)],
         capture_output=True, text=True, timeout=600, cwd=REPOSITORY, check=False,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
@@ -165,6 +166,9 @@ def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_s
     assert {framework for framework, _ in rows} == {"none"}  # --frameworks chose it
     start, more = rows[("none", "1")], rows[("none", "400")]
     assert start[5] == start[9] == "-" and more[5].endswith(" ms") and more[9].endswith(" B"), (start, more)
+    # the smaller suite ran as two pairs, each one's extra CPU shown; the largest once
+    assert re.fullmatch(r"[+-]\d+\.\d\d s \([+-]\d+\.\d\d, [+-]\d+\.\d\d\)", start[4]), start[4]
+    assert re.fullmatch(r"[+-]\d+\.\d\d s", more[4]), more[4]
     # the measured session is the larger, and every passing test wrote a short journal line
     assert float(more[9].replace(",", "").split()[0]) > -2000 and int(more[10].replace(",", "").split()[0]) < 600
     assert machine.section_of(page, "suite_scale.py") == "<!-- suite_scale.py: begin -->" + scale.split(
