@@ -121,9 +121,22 @@ def pytest_sessionfinish(session):
     on_items = sum(name == "tfmem" for item in session.items for name, _ in item.user_properties)
     alive = sum(isinstance(o, TestRecord) for o in gc.get_objects())
     flat = sum(name == "tfmem_peak_bytes" for r in reports for name, _ in r.user_properties)
+    sections = {outcome: sum(title == "tfmem" for r in reports if r.outcome == outcome for title, _ in r.sections)
+                for outcome in ("passed", "failed")}
     with open("held.json", "w") as held:
-        json.dump([len(reports), on_reports, on_items, alive, flat], held)
+        json.dump([len(reports), on_reports, on_items, alive, flat, sections], held)
 """
+
+
+@pytest.mark.parametrize("shown", ["-rP", "-rA"])
+def test_a_passed_tests_section_stays_where_the_terminal_shows_passes(pytester, shown):
+    pytester.makeconftest(HELD)
+    pytester.makepyfile(test_many=TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--tfmem-budget=30MB", "--tfmem-trace=off", shown)
+    result.assert_outcomes(passed=60, failed=1)
+    assert json.loads((pytester.path / "held.json").read_text())[-1] == {"passed": 60, "failed": 1}
+    result.stdout.fnmatch_lines(["*= PASSES =*", "*_ test_passes[[]0[]] _*", "*- tfmem -*", "test *",
+                                 "test_many.py::test_passes[[]0[]] * 0%", "host RSS: exact: *"])
 
 
 def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_junit_has_them(pytester):
@@ -134,8 +147,12 @@ def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_jun
                                 f"--junitxml={junit}", "--tfmem-report=report.json")
     result.assert_outcomes(passed=60, failed=1)
     held = json.loads((pytester.path / "held.json").read_text())
-    reports, on_reports, on_items, alive, flat = held
+    reports, on_reports, on_items, alive, flat, sections = held
     assert reports == 3 * 61 and on_reports == 0 and on_items == 0
+    # a passed test's tfmem section is taken off once logged (JUnit XML read it), as -rP is not
+    # given; the failed one keeps it for the failure's summary
+    assert sections == {"passed": 0, "failed": 1}
+    result.stdout.fnmatch_lines(["*_ test_over _*", "*- tfmem -*", "test *", "test_many.py::test_over *over budget"])
     # Every record is on disk once its test is over; writing the JSON report made the one pass
     # over them that feeds the summaries, and the table's reader keeps its ten heaviest (of 61).
     assert alive == 10, alive

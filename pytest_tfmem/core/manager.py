@@ -10,6 +10,7 @@ fixture. Features reach the manager with ``manager(config)`` and plug into it wi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
@@ -91,6 +92,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     before = config.stash.get(_PLATFORM_BEFORE, None)
     if before is not None:
         platforms.restore(before)
+
+
+def _is_tfmem_section(title: str) -> bool:
+    """The core's ``tfmem`` section and the features' (``tfmem trace``, ``tfmem explain``)."""
+    return title == "tfmem" or title.startswith("tfmem ")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -510,6 +516,17 @@ class TfmemManager:
             return (yield)
         finally:
             unpublish(report)
+            if report.passed and not self._passes_shown:
+                report.sections[:] = [kept for kept in report.sections if not _is_tfmem_section(kept[0])]
+
+    @functools.cached_property
+    def _passes_shown(self) -> bool:
+        """Whether the terminal shows passed tests' output at the session's end (``-rP``, ``-rA``,
+        ``-rX``). Where it does not, a passed test's tfmem sections are taken off its report once
+        every plugin has logged it (JUnit XML, pytest-html, pytest-xdist's sending read them
+        there): pytest keeps every report to the session's end, and nothing shows them again."""
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        return terminal is not None and (terminal.hasopt("P") or terminal.hasopt("X"))
 
     def _gather(self, report: pytest.TestReport) -> None:
         """Keep the record a call report carries; add what its teardown report adds to it."""
