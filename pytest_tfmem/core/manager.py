@@ -492,7 +492,7 @@ class TfmemManager:
             unpublish(item)
             if RECORD in item.stash:
                 del item.stash[RECORD]
-        if record is not None:
+        if record is not None and (not report.passed or self._passed_sections_read):
             report.sections.append(("tfmem", section_text(record)))
             for sections in added:
                 report.sections.extend(sections)
@@ -523,10 +523,17 @@ class TfmemManager:
     def _passes_shown(self) -> bool:
         """Whether the terminal shows passed tests' output at the session's end (``-rP``, ``-rA``,
         ``-rX``). Where it does not, a passed test's tfmem sections are taken off its report once
-        every plugin has logged it (JUnit XML, pytest-html, pytest-xdist's sending read them
-        there): pytest keeps every report to the session's end, and nothing shows them again."""
-        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
-        return terminal is not None and (terminal.hasopt("P") or terminal.hasopt("X"))
+        every plugin has logged it (pytest-html, pytest-xdist's sending read them there): pytest
+        keeps every report to the session's end, and nothing shows them again."""
+        shown = pytest_internals.shown_at_the_end(self.config)
+        return "P" in shown or "X" in shown
+
+    @functools.cached_property
+    def _passed_sections_read(self) -> bool:
+        """Whether anything shows a passed test's tfmem sections: the terminal at the end, or
+        tfmem's block in pytest-html's report, which holds the features' sections (under
+        pytest-xdist a worker has the same options). Otherwise a passed test's are not made."""
+        return self._passes_shown or bool(self.config.getoption("htmlpath", None))
 
     def _gather(self, report: pytest.TestReport) -> None:
         """Keep the record a call report carries; add what its teardown report adds to it."""

@@ -106,3 +106,11 @@ def unknown_ini_keys(config: pytest.Config) -> set[str]:
     """The ini file's keys (and ``-o NAME=VALUE`` overrides) that no plugin declared: what pytest
     itself only warns about (``Unknown config option``) from ``Config._get_unknown_ini_keys``."""
     return set(config._get_unknown_ini_keys())
+
+
+def shown_at_the_end(config: pytest.Config) -> str:
+    """The letters of the terminal's end-of-session summaries (``-r``: ``P`` passed tests' output,
+    ``X`` xpassed ones', ``-rA`` expanded), as the terminal reads them: ``getreportopt``."""
+    from _pytest.terminal import getreportopt
+
+    return getreportopt(config)
