@@ -17,7 +17,9 @@ tests cost, so one pair says little of the first slope. The largest suite runs o
 slope is over the most tests, where that variation is a small part.
 
 Each row after a suite's first gives the *slopes* from the row before it: the extra CPU time
-and the extra memory of the session with tfmem, per test added. A one-test session's row gives
+and the extra memory of the session with tfmem, per test added, and each session's own CPU time
+per test added (a slope of the extra that changes from row to row may be pytest's own cost per
+test changing, while tfmem's session costs the same per test). A one-test session's row gives
 the fixed start (the plugin's import, its set-up and its summary), on its own, so the slopes
 are what each test costs once a session runs. Memory that tfmem keeps per test shows as a
 memory slope above zero; a cost per test that grows with the suite's length shows as a time
@@ -73,7 +75,7 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
     """One row per suite: its sessions' figures, and the slopes from the row before it."""
     table = []
     for framework in frameworks:
-        before: tuple[int, float, int] | None = None  # tests, extra CPU s, extra bytes
+        before: tuple[int, float, int, Run, Run] | None = None  # tests, extra CPU s, extra bytes, the sessions
         for count in sizes:
             repeats = sorted(pairs[job_name(framework, count)], key=lambda pair: pair[True].cpu_s - pair[False].cpu_s)
             plain, measured = repeats[len(repeats) // 2][False], repeats[len(repeats) // 2][True]
@@ -81,22 +83,27 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
             each = ", ".join(f"{pair[True].cpu_s - pair[False].cpu_s:+.2f}" for pair in repeats)
             extra_cell = f"{extra_s:+.2f} s" + (f" ({each})" if len(repeats) > 1 else "")
             if before is None:
-                time_slope = memory_slope = "-"
+                time_slope = each_slope = memory_slope = "-"
             else:
                 added = count - before[0]
                 time_slope = f"{(extra_s - before[1]) / added * 1000:+.2f} ms"
+                each_slope = (f"{(plain.cpu_s - before[3].cpu_s) / added * 1000:.2f} / "
+                              f"{(measured.cpu_s - before[4].cpu_s) / added * 1000:.2f} ms")
                 memory_slope = f"{(extra_bytes - before[2]) / added:+,.0f} B"
             table.append([
                 framework, f"{count:,}", f"{plain.cpu_s:.2f} s", f"{measured.cpu_s:.2f} s", extra_cell,
-                time_slope, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
+                time_slope, each_slope, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
                 f"{format_size(extra_bytes)}", memory_slope, f"{journals[job_name(framework, count)] / count:,.0f} B",
             ])
-            before = (count, extra_s, extra_bytes)
+            before = (count, extra_s, extra_bytes, plain, measured)
     return table
 
 
-HEADER = ["imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
-          "peak without", "peak with", "extra peak", "extra peak per test added", "journal per test"]
+HEADER = [
+    "imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
+    "CPU per test added, without / with", "peak without", "peak with", "extra peak", "extra peak per test added",
+    "journal per test",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -165,12 +165,14 @@ def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_s
             if (cells := [cell.strip() for cell in line.strip().strip("|").split("|")])[0] in ("none", "tensorflow")}
     assert {framework for framework, _ in rows} == {"none"}  # --frameworks chose it
     start, more = rows[("none", "1")], rows[("none", "400")]
-    assert start[5] == start[9] == "-" and more[5].endswith(" ms") and more[9].endswith(" B"), (start, more)
+    assert start[5] == start[6] == start[10] == "-" and more[5].endswith(" ms") and more[10].endswith(" B"), (start, more)
+    plain_slope, measured_slope = (float(cell) for cell in more[6].removesuffix(" ms").split(" / "))
+    assert 0 < plain_slope < measured_slope, more[6]  # each session's CPU per test added; tfmem's the larger
     # the smaller suite ran as two pairs, each one's extra CPU shown; the largest once
     assert re.fullmatch(r"[+-]\d+\.\d\d s \([+-]\d+\.\d\d, [+-]\d+\.\d\d\)", start[4]), start[4]
     assert re.fullmatch(r"[+-]\d+\.\d\d s", more[4]), more[4]
     # the measured session is the larger, and every passing test wrote a short journal line
-    assert float(more[9].replace(",", "").split()[0]) > -2000 and int(more[10].replace(",", "").split()[0]) < 600
+    assert float(more[10].replace(",", "").split()[0]) > -2000 and int(more[11].replace(",", "").split()[0]) < 600
     assert machine.section_of(page, "suite_scale.py") == "<!-- suite_scale.py: begin -->" + scale.split(
         "<!-- suite_scale.py: end -->")[0] + "<!-- suite_scale.py: end -->"
 
