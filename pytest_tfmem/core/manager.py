@@ -492,10 +492,11 @@ class TfmemManager:
             unpublish(item)
             if RECORD in item.stash:
                 del item.stash[RECORD]
-        if record is not None and (not report.passed or self._passed_sections_read):
-            report.sections.append(("tfmem", section_text(record)))
-            for sections in added:
-                report.sections.extend(sections)
+        if record is not None:
+            if not report.passed or self._passed_sections_read:
+                report.sections.append(("tfmem", section_text(record)))
+                for sections in added:
+                    report.sections.extend(sections)
         elif call.when == "call" and not subtest and self.is_measured(item) and not report.skipped:
             # The call phase ran without passing through pytest_runtest_call (another plugin
             # ran the test its own way): say so rather than leave the test silently unmeasured.
