@@ -205,6 +205,8 @@ class Run:
     gc_s: float  # CPU time in garbage collection, Python's own and tfmem's (``gc_clock``)
     drift: dict[int, float]
     peak_bytes: int  # the session's largest resident size (``os.wait4``'s ``ru_maxrss``)
+    loop_s: float  # CPU time of the test loop after the first test (``gc_clock``)
+    loop_tests: int  # the tests in that loop: all but the first
 
 
 def write_suites(root: Path, keras_tests: int, trivial_tests: int, names: list[str] | None = None) -> dict[str, Path]:
@@ -286,8 +288,8 @@ def start_session(suite: Path, with_plugin: bool, core: int, bytecode: Path) -> 
 
 
 def finished_run(session: Started, status: int, usage: resource.struct_rusage) -> Run:
-    """A session's CPU time (``os.wait4``: its own and its children's), largest size, GC time and
-    drift readings."""
+    """A session's CPU time (``os.wait4``: its own and its children's), largest size, GC time,
+    test loop's CPU time and drift readings."""
     session.process.returncode = os.waitstatus_to_exitcode(status)
     if session.process.returncode != 0:
         how = "with" if session.with_plugin else "without"
@@ -298,8 +300,9 @@ def finished_run(session: Started, status: int, usage: resource.struct_rusage) -
         for line in (session.suite / "drift.txt").read_text().splitlines():
             index, mib = line.split()
             drift[int(index)] = float(mib)
-    gc_s = float((session.suite / "gc.txt").read_text())
-    return Run(usage.ru_utime + usage.ru_stime, gc_s, drift, usage.ru_maxrss * 1024)  # KiB on Linux
+    gc_s, loop_s, loop_tests = (session.suite / "gc.txt").read_text().split()
+    return Run(usage.ru_utime + usage.ru_stime, float(gc_s), drift, usage.ru_maxrss * 1024,  # KiB on Linux
+               float(loop_s), int(loop_tests))
 
 
 def run_pairs(

@@ -17,13 +17,17 @@ tests cost, so one pair says little of the first slope. The largest suite runs o
 slope is over the most tests, where that variation is a small part.
 
 Each row after a suite's first gives the *slopes* from the row before it: the extra CPU time
-and the extra memory of the session with tfmem, per test added, and each session's own CPU time
-per test added (a slope of the extra that changes from row to row may be pytest's own cost per
-test changing, while tfmem's session costs the same per test). A one-test session's row gives
+and the extra memory of the session with tfmem, per test added. A one-test session's row gives
 the fixed start (the plugin's import, its set-up and its summary), on its own, so the slopes
-are what each test costs once a session runs. Memory that tfmem keeps per test shows as a
-memory slope above zero; a cost per test that grows with the suite's length shows as a time
-slope that rises from row to row.
+are what each test costs once a session runs, its summaries included. Memory that tfmem keeps
+per test shows as a memory slope above zero; a cost per test that grows with the suite's length
+shows as a time slope that rises from row to row.
+
+A slope over the first thousand tests carries the variation of two sessions' starts and ends
+(a tenth of a second is a tenth of a millisecond a test there), so each row also gives each
+session's CPU time per test in its test loop, read inside the session (``benchmarks/gc_clock``:
+after the first test, to the session's finish), and the difference: what a test costs at that
+length of suite, with no start or end in it.
 """
 
 from __future__ import annotations
@@ -75,34 +79,42 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
     """One row per suite: its sessions' figures, and the slopes from the row before it."""
     table = []
     for framework in frameworks:
-        before: tuple[int, float, int, Run, Run] | None = None  # tests, extra CPU s, extra bytes, the sessions
+        before: tuple[int, float, int] | None = None  # tests, extra CPU s, extra bytes
         for count in sizes:
             repeats = sorted(pairs[job_name(framework, count)], key=lambda pair: pair[True].cpu_s - pair[False].cpu_s)
             plain, measured = repeats[len(repeats) // 2][False], repeats[len(repeats) // 2][True]
             extra_s, extra_bytes = measured.cpu_s - plain.cpu_s, measured.peak_bytes - plain.peak_bytes
             each = ", ".join(f"{pair[True].cpu_s - pair[False].cpu_s:+.2f}" for pair in repeats)
             extra_cell = f"{extra_s:+.2f} s" + (f" ({each})" if len(repeats) > 1 else "")
+            in_loop = loop_cell(plain, measured)
             if before is None:
-                time_slope = each_slope = memory_slope = "-"
+                time_slope = memory_slope = "-"
             else:
                 added = count - before[0]
                 time_slope = f"{(extra_s - before[1]) / added * 1000:+.2f} ms"
-                each_slope = (f"{(plain.cpu_s - before[3].cpu_s) / added * 1000:.2f} / "
-                              f"{(measured.cpu_s - before[4].cpu_s) / added * 1000:.2f} ms")
                 memory_slope = f"{(extra_bytes - before[2]) / added:+,.0f} B"
             table.append([
                 framework, f"{count:,}", f"{plain.cpu_s:.2f} s", f"{measured.cpu_s:.2f} s", extra_cell,
-                time_slope, each_slope, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
+                time_slope, in_loop, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
                 f"{format_size(extra_bytes)}", memory_slope, f"{journals[job_name(framework, count)] / count:,.0f} B",
             ])
-            before = (count, extra_s, extra_bytes, plain, measured)
+            before = (count, extra_s, extra_bytes)
     return table
+
+
+def loop_cell(plain: Run, measured: Run) -> str:
+    """Each session's CPU time per test in its test loop (after the first test, to the
+    session's finish), and the difference: ``-`` for a one-test session, which has no loop."""
+    if not plain.loop_tests or not measured.loop_tests:
+        return "-"
+    without, with_ = (run.loop_s / run.loop_tests * 1000 for run in (plain, measured))
+    return f"{without:.2f} / {with_:.2f} ms ({with_ - without:+.2f})"
 
 
 HEADER = [
     "imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
-    "CPU per test added, without / with", "peak without", "peak with", "extra peak", "extra peak per test added",
-    "journal per test",
+    "CPU per test in the loop, without / with (extra)", "peak without", "peak with", "extra peak",
+    "extra peak per test added", "journal per test",
 ]
 
 
