@@ -276,7 +276,8 @@ class TfmemManager:
         if state == self._nothing_to_prepare:
             return []
         loaded = [framework for framework in frameworks.loaded() if framework.module not in self._prepared]
-        if not loaded:
+        if not loaded:  # every loaded framework was prepared
+            self._nothing_to_prepare = state
             return []
         named = {imported.split(".", 1)[0]} if imported else set()
         if namespace is not None:
