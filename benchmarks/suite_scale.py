@@ -26,8 +26,8 @@ shows as a time slope that rises from row to row.
 A slope over the first thousand tests carries the variation of two sessions' starts and ends
 (a tenth of a second is a tenth of a millisecond a test there), so each row also gives each
 session's CPU time per test in its test loop, read inside the session (``benchmarks/gc_clock``:
-after the first test, to the session's finish), and the difference: what a test costs at that
-length of suite, with no start or end in it.
+after the first test, to the session's finish), and the difference (every pair's, where the
+suite ran as several): what a test costs at that length of suite, with no start or end in it.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
             extra_s, extra_bytes = measured.cpu_s - plain.cpu_s, measured.peak_bytes - plain.peak_bytes
             each = ", ".join(f"{pair[True].cpu_s - pair[False].cpu_s:+.2f}" for pair in repeats)
             extra_cell = f"{extra_s:+.2f} s" + (f" ({each})" if len(repeats) > 1 else "")
-            in_loop = loop_cell(plain, measured)
+            in_loop = loop_cell(repeats[len(repeats) // 2], repeats)
             if before is None:
                 time_slope = memory_slope = "-"
             else:
@@ -102,18 +102,25 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
     return table
 
 
-def loop_cell(plain: Run, measured: Run) -> str:
-    """Each session's CPU time per test in its test loop (after the first test, to the
-    session's finish), and the difference: ``-`` for a one-test session, which has no loop."""
-    if not plain.loop_tests or not measured.loop_tests:
+def per_test_in_loop(run: Run) -> float:
+    """A session's CPU milliseconds per test in its test loop."""
+    return run.loop_s / run.loop_tests * 1000
+
+
+def loop_cell(shown: dict[bool, Run], repeats: list[dict[bool, Run]]) -> str:
+    """The shown pair's CPU time per test in each session's test loop (after the first test, to
+    the session's finish) and their difference, with every pair's difference where there were
+    several: ``-`` for one-test sessions, which have no loop."""
+    if not shown[False].loop_tests or not shown[True].loop_tests:
         return "-"
-    without, with_ = (run.loop_s / run.loop_tests * 1000 for run in (plain, measured))
-    return f"{without:.2f} / {with_:.2f} ms ({with_ - without:+.2f})"
+    without, with_ = per_test_in_loop(shown[False]), per_test_in_loop(shown[True])
+    each = ", ".join(f"{per_test_in_loop(pair[True]) - per_test_in_loop(pair[False]):+.2f}" for pair in repeats)
+    return f"{without:.2f} / {with_:.2f} ms ({with_ - without:+.2f}" + (f"; {each})" if len(repeats) > 1 else ")")
 
 
 HEADER = [
     "imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
-    "CPU per test in the loop, without / with (extra)", "peak without", "peak with", "extra peak",
+    "CPU per test in the loop, without / with (extra; each pair's)", "peak without", "peak with", "extra peak",
     "extra peak per test added", "journal per test",
 ]
 

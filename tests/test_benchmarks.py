@@ -147,12 +147,12 @@ def test_suite_overhead_runs_both_sides_and_writes_its_table(tmp_path):
     assert "| `core/measure.py` | " in profile and "| all of pytest-tfmem | " in profile
 
 
-@pytest.mark.slow  # six sessions of up to 400 trivial tests: about 30 s (TensorFlow's rows: docs/suite-overhead.md)
+@pytest.mark.slow  # ten sessions of up to 400 trivial tests: about 40 s (TensorFlow's rows: docs/suite-overhead.md)
 def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_script_keeps_them(tmp_path):
     page = tmp_path / "overhead.md"
     page.write_text("# What measuring every test costs\n\nthe overhead table\n")
     completed = subprocess.run(
-        [sys.executable, str(REPOSITORY / "benchmarks" / "suite_scale.py"), "--sizes", "1,400",
+        [sys.executable, str(REPOSITORY / "benchmarks" / "suite_scale.py"), "--sizes", "1,200,400",
          "--frameworks", "none", "--repeat", "2", "--output", str(page)],
         capture_output=True, text=True, timeout=600, cwd=REPOSITORY, check=False,
     )
@@ -160,17 +160,20 @@ def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_s
     written = page.read_text()
     assert written.startswith("# What measuring every test costs\n\nthe overhead table\n")  # the rest kept
     scale = written.split("<!-- suite_scale.py: begin -->")[1]
-    assert "## At scale\n\nWritten by `python benchmarks/suite_scale.py --sizes 1,400" in scale
+    assert "## At scale\n\nWritten by `python benchmarks/suite_scale.py --sizes 1,200,400" in scale
     rows = {(cells[0], cells[1]): cells for line in scale.splitlines()
             if (cells := [cell.strip() for cell in line.strip().strip("|").split("|")])[0] in ("none", "tensorflow")}
     assert {framework for framework, _ in rows} == {"none"}  # --frameworks chose it
-    start, more = rows[("none", "1")], rows[("none", "400")]
+    start, middle, more = rows[("none", "1")], rows[("none", "200")], rows[("none", "400")]
     assert start[5] == start[6] == start[10] == "-" and more[5].endswith(" ms") and more[10].endswith(" B"), (start, more)
     # each session's CPU per test in its loop, read inside it; tfmem's the larger
     loop = re.fullmatch(r"(\d+\.\d\d) / (\d+\.\d\d) ms \(([+-]\d+\.\d\d)\)", more[6])
     assert loop is not None, more[6]
     plain_loop, measured_loop, extra_loop = (float(figure) for figure in loop.groups())
     assert 0 < plain_loop < measured_loop and abs(measured_loop - plain_loop - extra_loop) < 0.011, more[6]
+    # a suite that ran as two pairs gives each pair's difference in its loop, the row's among them
+    each = re.fullmatch(r"\d+\.\d\d / \d+\.\d\d ms \(([+-]\d+\.\d\d); ([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\)", middle[6])
+    assert each is not None and each[1] in (each[2], each[3]), middle[6]
     # the smaller suite ran as two pairs, each one's extra CPU shown; the largest once
     assert re.fullmatch(r"[+-]\d+\.\d\d s \([+-]\d+\.\d\d, [+-]\d+\.\d\d\)", start[4]), start[4]
     assert re.fullmatch(r"[+-]\d+\.\d\d s", more[4]), more[4]
