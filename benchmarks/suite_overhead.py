@@ -207,6 +207,7 @@ class Run:
     peak_bytes: int  # the session's largest resident size (``os.wait4``'s ``ru_maxrss``)
     loop_s: float  # CPU time of the test loop after the first test (``gc_clock``)
     loop_tests: int  # the tests in that loop: all but the first
+    loop_gc_s: float  # CPU time in garbage collection in that loop
 
 
 def write_suites(root: Path, keras_tests: int, trivial_tests: int, names: list[str] | None = None) -> dict[str, Path]:
@@ -300,9 +301,9 @@ def finished_run(session: Started, status: int, usage: resource.struct_rusage) -
         for line in (session.suite / "drift.txt").read_text().splitlines():
             index, mib = line.split()
             drift[int(index)] = float(mib)
-    gc_s, loop_s, loop_tests = (session.suite / "gc.txt").read_text().split()
+    gc_s, loop_s, loop_tests, loop_gc_s = (session.suite / "gc.txt").read_text().split()
     return Run(usage.ru_utime + usage.ru_stime, float(gc_s), drift, usage.ru_maxrss * 1024,  # KiB on Linux
-               float(loop_s), int(loop_tests))
+               float(loop_s), int(loop_tests), float(loop_gc_s))
 
 
 def run_pairs(

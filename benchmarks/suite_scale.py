@@ -26,8 +26,12 @@ shows as a time slope that rises from row to row.
 A slope over the first thousand tests carries the variation of two sessions' starts and ends
 (a tenth of a second is a tenth of a millisecond a test there), so each row also gives each
 session's CPU time per test in its test loop, read inside the session (``benchmarks/gc_clock``:
-after the first test, to the session's finish), and the difference (every pair's, where the
-suite ran as several): what a test costs at that length of suite, with no start or end in it.
+from the first test's finish to the last's), and the difference (every pair's, where the suite
+ran as several): what a test costs at that length of suite, with no start or end in it. Beside
+it, how much of each session's figure was garbage collection: without tfmem, Python's own full
+collections come where its count of long-lived objects says (each about 0.2 s with TensorFlow
+loaded, 0.2 ms a test over a thousand tests); tfmem freezes what survives its young collections
+and runs a full one by its own rules (docs/measurement.md, "What measuring costs").
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
             each = ", ".join(f"{pair[True].cpu_s - pair[False].cpu_s:+.2f}" for pair in repeats)
             extra_cell = f"{extra_s:+.2f} s" + (f" ({each})" if len(repeats) > 1 else "")
             in_loop = loop_cell(repeats[len(repeats) // 2], repeats)
+            collecting = (f"{per_test_in_loop(plain, collecting=True):.2f} / "
+                          f"{per_test_in_loop(measured, collecting=True):.2f} ms" if plain.loop_tests else "-")
             if before is None:
                 time_slope = memory_slope = "-"
             else:
@@ -95,21 +101,21 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
                 memory_slope = f"{(extra_bytes - before[2]) / added:+,.0f} B"
             table.append([
                 framework, f"{count:,}", f"{plain.cpu_s:.2f} s", f"{measured.cpu_s:.2f} s", extra_cell,
-                time_slope, in_loop, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
+                time_slope, in_loop, collecting, format_size(plain.peak_bytes), format_size(measured.peak_bytes),
                 f"{format_size(extra_bytes)}", memory_slope, f"{journals[job_name(framework, count)] / count:,.0f} B",
             ])
             before = (count, extra_s, extra_bytes)
     return table
 
 
-def per_test_in_loop(run: Run) -> float:
-    """A session's CPU milliseconds per test in its test loop."""
-    return run.loop_s / run.loop_tests * 1000
+def per_test_in_loop(run: Run, *, collecting: bool = False) -> float:
+    """A session's CPU milliseconds per test in its test loop, or in its collections there."""
+    return (run.loop_gc_s if collecting else run.loop_s) / run.loop_tests * 1000
 
 
 def loop_cell(shown: dict[bool, Run], repeats: list[dict[bool, Run]]) -> str:
-    """The shown pair's CPU time per test in each session's test loop (after the first test, to
-    the session's finish) and their difference, with every pair's difference where there were
+    """The shown pair's CPU time per test in each session's test loop (from the first test's
+    finish to the last's) and their difference, with every pair's difference where there were
     several: ``-`` for one-test sessions, which have no loop."""
     if not shown[False].loop_tests or not shown[True].loop_tests:
         return "-"
@@ -120,7 +126,8 @@ def loop_cell(shown: dict[bool, Run], repeats: list[dict[bool, Run]]) -> str:
 
 HEADER = [
     "imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
-    "CPU per test in the loop, without / with (extra; each pair's)", "peak without", "peak with", "extra peak",
+    "CPU per test in the loop, without / with (extra; each pair's)", "of which collecting garbage, without / with",
+    "peak without", "peak with", "extra peak",
     "extra peak per test added", "journal per test",
 ]
 

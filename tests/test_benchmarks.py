@@ -165,12 +165,16 @@ def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_s
             if (cells := [cell.strip() for cell in line.strip().strip("|").split("|")])[0] in ("none", "tensorflow")}
     assert {framework for framework, _ in rows} == {"none"}  # --frameworks chose it
     start, middle, more = rows[("none", "1")], rows[("none", "200")], rows[("none", "400")]
-    assert start[5] == start[6] == start[10] == "-" and more[5].endswith(" ms") and more[10].endswith(" B"), (start, more)
+    assert start[5] == start[6] == start[7] == start[11] == "-", start
+    assert more[5].endswith(" ms") and more[11].endswith(" B"), more
     # each session's CPU per test in its loop, read inside it; tfmem's the larger
     loop = re.fullmatch(r"(\d+\.\d\d) / (\d+\.\d\d) ms \(([+-]\d+\.\d\d)\)", more[6])
     assert loop is not None, more[6]
     plain_loop, measured_loop, extra_loop = (float(figure) for figure in loop.groups())
     assert 0 < plain_loop < measured_loop and abs(measured_loop - plain_loop - extra_loop) < 0.011, more[6]
+    # of which collecting garbage: a part of each session's figure
+    collecting = re.fullmatch(r"(\d+\.\d\d) / (\d+\.\d\d) ms", more[7])
+    assert collecting is not None and float(collecting[1]) <= plain_loop and float(collecting[2]) <= measured_loop, more[7]
     # a suite that ran as two pairs gives each pair's difference in its loop, the row's among them
     each = re.fullmatch(r"\d+\.\d\d / \d+\.\d\d ms \(([+-]\d+\.\d\d); ([+-]\d+\.\d\d), ([+-]\d+\.\d\d)\)", middle[6])
     assert each is not None and each[1] in (each[2], each[3]), middle[6]
@@ -178,7 +182,7 @@ def test_suite_scale_writes_its_slopes_into_the_overhead_page_and_the_overhead_s
     assert re.fullmatch(r"[+-]\d+\.\d\d s \([+-]\d+\.\d\d, [+-]\d+\.\d\d\)", start[4]), start[4]
     assert re.fullmatch(r"[+-]\d+\.\d\d s", more[4]), more[4]
     # the measured session is the larger, and every passing test wrote a short journal line
-    assert float(more[10].replace(",", "").split()[0]) > -2000 and int(more[11].replace(",", "").split()[0]) < 600
+    assert float(more[11].replace(",", "").split()[0]) > -2000 and int(more[12].replace(",", "").split()[0]) < 600
     assert machine.section_of(page, "suite_scale.py") == "<!-- suite_scale.py: begin -->" + scale.split(
         "<!-- suite_scale.py: end -->")[0] + "<!-- suite_scale.py: end -->"
 
