@@ -1,6 +1,6 @@
 """What pytest-tfmem costs as a suite grows: time and memory per test at 1 to 100,000 tests.
 
-    python benchmarks/suite_scale.py                      # about 20 minutes on 2 cores
+    python benchmarks/suite_scale.py                      # about 9 minutes on 2 cores
     python benchmarks/suite_scale.py --sizes 1,1000,5000 --frameworks none
 
 Suites of trivial tests (one parametrized function that does nothing), in a module that imports
