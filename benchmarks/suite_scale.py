@@ -86,13 +86,12 @@ def rows(frameworks: list[str], sizes: list[int], pairs: dict[str, list[dict[boo
         before: tuple[int, float, int] | None = None  # tests, extra CPU s, extra bytes
         for count in sizes:
             repeats = sorted(pairs[job_name(framework, count)], key=lambda pair: pair[True].cpu_s - pair[False].cpu_s)
-            plain, measured = repeats[len(repeats) // 2][False], repeats[len(repeats) // 2][True]
+            shown = repeats[len(repeats) // 2]
+            plain, measured = shown[False], shown[True]
             extra_s, extra_bytes = measured.cpu_s - plain.cpu_s, measured.peak_bytes - plain.peak_bytes
             each = ", ".join(f"{pair[True].cpu_s - pair[False].cpu_s:+.2f}" for pair in repeats)
             extra_cell = f"{extra_s:+.2f} s" + (f" ({each})" if len(repeats) > 1 else "")
-            in_loop = loop_cell(repeats[len(repeats) // 2], repeats)
-            collecting = (f"{per_test_in_loop(plain, collecting=True):.2f} / "
-                          f"{per_test_in_loop(measured, collecting=True):.2f} ms" if plain.loop_tests else "-")
+            in_loop, collecting = loop_cells(shown, repeats)
             if before is None:
                 time_slope = memory_slope = "-"
             else:
@@ -113,22 +112,26 @@ def per_test_in_loop(run: Run, *, collecting: bool = False) -> float:
     return (run.loop_gc_s if collecting else run.loop_s) / run.loop_tests * 1000
 
 
-def loop_cell(shown: dict[bool, Run], repeats: list[dict[bool, Run]]) -> str:
+def loop_cells(shown: dict[bool, Run], repeats: list[dict[bool, Run]]) -> tuple[str, str]:
     """The shown pair's CPU time per test in each session's test loop (from the first test's
     finish to the last's) and their difference, with every pair's difference where there were
-    several: ``-`` for one-test sessions, which have no loop."""
-    if not shown[False].loop_tests or not shown[True].loop_tests:
-        return "-"
-    without, with_ = per_test_in_loop(shown[False]), per_test_in_loop(shown[True])
+    several; and the part of each session's figure that was garbage collection. ``-`` for
+    one-test sessions, which have no loop."""
+    plain, measured = shown[False], shown[True]
+    if not plain.loop_tests or not measured.loop_tests:
+        return "-", "-"
+    without, with_ = per_test_in_loop(plain), per_test_in_loop(measured)
     each = ", ".join(f"{per_test_in_loop(pair[True]) - per_test_in_loop(pair[False]):+.2f}" for pair in repeats)
-    return f"{without:.2f} / {with_:.2f} ms ({with_ - without:+.2f}" + (f"; {each})" if len(repeats) > 1 else ")")
+    in_loop = f"{without:.2f} / {with_:.2f} ms ({with_ - without:+.2f}" + (f"; {each})" if len(repeats) > 1 else ")")
+    collecting = (f"{per_test_in_loop(plain, collecting=True):.2f} / "
+                  f"{per_test_in_loop(measured, collecting=True):.2f} ms")
+    return in_loop, collecting
 
 
 HEADER = [
     "imports", "tests", "CPU without", "CPU with", "extra CPU (median; each pair)", "extra CPU per test added",
     "CPU per test in the loop, without / with (extra; each pair's)", "of which collecting garbage, without / with",
-    "peak without", "peak with", "extra peak",
-    "extra peak per test added", "journal per test",
+    "peak without", "peak with", "extra peak", "extra peak per test added", "journal per test",
 ]
 
 
