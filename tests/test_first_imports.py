@@ -153,10 +153,13 @@ def test_a_test_reads_the_same_whether_or_not_it_imported_tensorflow_first(pytes
     result.assert_outcomes(passed=11)  # within 200 MB, first import of TensorFlow or not
     records = {record.nodeid: record for record in load_report(pytester.path / "report.json").tests}
     figures = {nodeid: record.measurement.peak for nodeid, record in records.items() if record.measurement}
-    for name in ("test_fit_import_keras", "test_tensors_import_tensorflow", "test_tensors_importorskip",
-                 "TensorsCase::test_import_tensorflow", "TensorsCase::test_importorskip"):
+    # the tensors are 16 MiB; the fit's figure is its own (Keras's first use is paid in the import, too)
+    for name, least in (("test_fit_import_keras", 2 * MIB), ("test_tensors_import_tensorflow", 15 * MIB),
+                        ("test_tensors_importorskip", 15 * MIB), ("TensorsCase::test_import_tensorflow", 15 * MIB),
+                        ("TensorsCase::test_importorskip", 15 * MIB)):
         first, after = figures[f"test_first.py::{name}"], figures[f"test_after.py::{name}"]
-        assert 15 * MIB <= first < 40 * MIB and abs(first - after) <= 0.1 * max(first, after), (name, first, after)
+        assert least <= first < 40 * MIB, (name, first)
+        assert abs(first - after) <= max(2 * MIB, 0.1 * max(first, after)), (name, first, after)
 
     # Each first import is named in its test's section, with its size; the tests after it read
     # nothing of it. TensorFlow's runtime started inside the import: its allocator view opened after.

@@ -44,7 +44,7 @@ from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for
-from pytest_tfmem.frameworks import Framework
+from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.garbage import Collector
 from pytest_tfmem.probes.imports import ImportLedger
@@ -57,6 +57,9 @@ _MANAGER = pytest.StashKey["TfmemManager"]()
 _PLATFORM_BEFORE = pytest.StashKey[platforms.Chosen]()
 # On a call report whose test should have been measured but was not: why (the summary lists them).
 NOT_MEASURED = "tfmem_not_measured"
+# On a pytest-xdist worker's first measured call report: a view its frameworks could not give (the
+# controller, which imports no framework, says it once at the end).
+MISSING_VIEW = "tfmem_missing_view"
 R = TypeVar("R")  # a reader of every record at the session's end (``TfmemManager.reader``)
 
 
@@ -151,11 +154,18 @@ class TfmemManager:
         self._reader_factories: dict[type[Any], Callable[[], Any]] = {HeaviestTests: self._heaviest_tests}
         self._readers: tuple[int, dict[type[Any], Any]] = (-1, {})
         self.not_measured: list[tuple[str, str]] = []  # (node id, why), from the call reports
+        # the views the frameworks could not give: said in the header (or after collection, once
+        # the tests' modules loaded them), or by pytest-xdist's workers on their first measured report
+        self.missing_views: dict[str, None] = {}
+        self._missing_views_said = False
         # call reports failed by a tfmem check, until their teardown's report: a check on what the
         # test left behind fails it there, in the same message, not as a second outcome
         self._failed_calls: dict[str, pytest.TestReport] = {}
         self._measure_all: bool | None = None
         self._prepared: set[str] = set()  # the frameworks whose runtime was prepared (by module)
+        self._warmed: set[str] = set()  # the first uses warmed up (``FirstUse.name``)
+        # What the last look for first uses to warm up saw when it found none: the same again finds none.
+        self._nothing_to_warm: tuple[int, int] | None = None
         self._named_by_module: dict[tuple[int, int], set[str]] = {}  # a test module's named modules
         # What the last call found nothing to prepare for: the same again prepares nothing.
         self._nothing_to_prepare: tuple[object, ...] | None = None
@@ -226,7 +236,7 @@ class TfmemManager:
         the open windows' figures as they happen."""
         if self._imports is None:
             self._imports = ImportLedger(probes().host.source)
-            self._imports.add_listener(LeaveOutFirstImports(self.prepare_frameworks))
+            self._imports.add_listener(LeaveOutFirstImports(self._prepare_inside_import))
         return self._imports
 
     def add_step(self, step: CallStep) -> None:
@@ -301,6 +311,37 @@ class TfmemManager:
             self._nothing_to_prepare = state
         return prepared
 
+    def first_uses_due(self, finishing: str = "") -> list[FirstUse]:
+        """The first uses to warm up now (``--tfmem-first-use-warmup``): of each framework whose
+        runtime tfmem started, and Keras's on one of them, each once a session (``finishing``:
+        the module whose first import is ending, as ``frameworks.first_uses`` reads it)."""
+        settings = self.settings
+        state = (len(sys.modules), len(self._prepared))
+        if not (settings.first_use_warmup and settings.tf_warmup) or state == self._nothing_to_warm:
+            return []
+        due = [use for use in frameworks.first_uses(self._prepared, finishing) if use.name not in self._warmed]
+        if not due and not finishing:
+            self._nothing_to_warm = state
+        return due
+
+    def warm_up(self, first_use: FirstUse) -> None:
+        """Pay ``first_use`` now, once a session (``frameworks.warm_up``)."""
+        self._warmed.add(first_use.name)
+        frameworks.warm_up(first_use)
+
+    def prepare_and_warm_up(self, item: pytest.Item) -> None:
+        """Before a measured test where no books are kept: the frameworks' runtimes, their first uses."""
+        self.prepare_frameworks(item)
+        for first_use in self.first_uses_due():
+            self.warm_up(first_use)
+
+    def _prepare_inside_import(self, imported: str) -> None:
+        """A test's own first import of a framework (or of Keras) ends: its runtime starts and its
+        first use is paid inside the import, which every window leaves out."""
+        self.prepare_frameworks(imported=imported)
+        for first_use in self.first_uses_due(finishing=imported):
+            self.warm_up(first_use)
+
     def finish(
         self,
         item: pytest.Item,
@@ -338,7 +379,20 @@ class TfmemManager:
         if missing:
             lines.append(f"tfmem: not on {platform.name}: " + "; ".join(f"{m.feature} ({m.why})" for m in missing))
         backend, source = frameworks.keras_backend()
-        return [*lines, f"tfmem: Keras backend {backend} ({source})"]
+        return [*lines, f"tfmem: Keras backend {backend} ({source})", *self._missing_view_lines()]
+
+    @pytest.hookimpl
+    def pytest_report_collectionfinish(self) -> list[str]:
+        """The views the frameworks the test modules loaded cannot give (the header's, where they
+        were loaded after it)."""
+        return self._missing_view_lines() if self.measure_all else []
+
+    def _missing_view_lines(self) -> list[str]:
+        if self._missing_views_said or processes.role(self.config) is processes.Role.WORKER:
+            return []  # a worker's terminal shows nothing: its first measured report carries them
+        lines = frameworks.missing_views()
+        self._missing_views_said = bool(lines)
+        return [f"tfmem: {line}" for line in lines]
 
     @pytest.hookimpl(trylast=True)  # once the tests are selected: a deselected test's markers are not read
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -400,7 +454,7 @@ class TfmemManager:
         if not self.is_measured(item):
             yield
             return
-        self.prepare_frameworks(item)
+        self.prepare_and_warm_up(item)
         monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
         item.stash[MONITOR] = monitor
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
@@ -494,6 +548,9 @@ class TfmemManager:
             if RECORD in item.stash:
                 del item.stash[RECORD]
         if record is not None:
+            if not self._missing_views_said and processes.role(self.config) is processes.Role.WORKER:
+                report.user_properties += [(MISSING_VIEW, line) for line in frameworks.missing_views()]
+                self._missing_views_said = True
             if not report.passed or self._passed_sections_read:
                 report.sections.append(("tfmem", section_text(record)))
                 for sections in added:
@@ -545,9 +602,11 @@ class TfmemManager:
                 self.records.add(record)
                 if report.failed and record.failed_verdicts:
                     self._failed_calls[report.nodeid] = report
-            self.not_measured += [
-                (report.nodeid, str(why)) for name, why in report.user_properties if name == NOT_MEASURED
-            ]
+            for name, value in report.user_properties:
+                if name == NOT_MEASURED:
+                    self.not_measured.append((report.nodeid, str(value)))
+                elif name == MISSING_VIEW:
+                    self.missing_views[str(value)] = None
         elif report.when == "teardown":
             self._add_retained(report)
             self.records.close(report.nodeid)
@@ -578,6 +637,8 @@ class TfmemManager:
             terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
             for line in render_table(self.reader(HeaviestTests).rows(subtests=self.settings.subtests)):
                 terminalreporter.write_line(line)
+        for line in self.missing_views:  # pytest-xdist's workers': the controller said no header line of it
+            terminalreporter.write_line(f"tfmem: on the workers: {line}", yellow=True)
         if self.not_measured:
             terminalreporter.write_line(f"tfmem: {len(self.not_measured)} test(s) not measured:", yellow=True)
             for nodeid, why in self.not_measured:

@@ -5,7 +5,8 @@ that open a measurement window): a ``Level``. The level after one test's teardow
 before the next one's setup, so a test's *retained* figure, the difference of the levels at its
 two ends, adds up with its neighbours' to the session's growth by construction. What changed
 the level inside a test's span but is not the test's (a fixture of module, class, package or
-session scope set up or torn down there, a first import, TensorFlow's runtime starting) is a
+session scope set up or torn down there, a first import, TensorFlow's runtime starting, a
+framework's first use paid before the first test) is a
 ``Booking`` of its own, left out of the test's figure, so the books still balance.
 
 Two views, so that tensors TensorFlow took back into its pool do not count and tensors still
@@ -28,7 +29,7 @@ from pytest_tfmem.core import measure
 from pytest_tfmem.probes import children, host
 from pytest_tfmem.units import format_size
 
-TEST, FIXTURE, IMPORT, RUNTIME = "test", "fixture", "first import", "runtime"
+TEST, FIXTURE, IMPORT, RUNTIME, FIRST_USE = "test", "fixture", "first import", "runtime", "first use"
 NOTABLE_RETAINER = 2**20  # a retainer that left (or held) less is not listed among the top
 
 
@@ -129,8 +130,8 @@ def read_collected_level() -> Level:
 @dataclass(frozen=True)
 class Booking:
     """A change of the level inside a test's span that is not the test's: ``kind`` (``FIXTURE``,
-    ``IMPORT``, ``RUNTIME``), ``name`` (``big_table (module scope)``, ``tensorflow``), ``detail``
-    (``setup``, ``teardown``)."""
+    ``IMPORT``, ``RUNTIME``, ``FIRST_USE``), ``name`` (``big_table (module scope)``, ``tensorflow``,
+    ``Keras's first use``), ``detail`` (``setup``, ``teardown``)."""
 
     kind: str
     name: str
@@ -355,14 +356,14 @@ class ProcessAccount:
             left = sum(b.bytes for b in bookings)
             what = f"held {format_size(held, signed=True)} from its setup to its teardown"
             found.append(Retainer(FIXTURE, name, left, what, held, self.worker))
-        for kind in (IMPORT, RUNTIME):
+        for kind in (IMPORT, RUNTIME, FIRST_USE):
             found += [Retainer(kind, b.name, b.bytes, b.detail, worker=self.worker) for _, b in self.bookings(kind)]
         return sorted(found, key=_heaviest_first)
 
     def to_dict(self) -> dict[str, Any]:
-        fixtures, imports, runtime = (
+        fixtures, imports, runtime, first_use = (
             [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(kind)]
-            for kind in (FIXTURE, IMPORT, RUNTIME)
+            for kind in (FIXTURE, IMPORT, RUNTIME, FIRST_USE)
         )
         return {
             "worker": self.worker,
@@ -376,6 +377,7 @@ class ProcessAccount:
             "fixtures": fixtures,
             "imports": imports,
             "runtime": runtime,
+            "first_use": first_use,
             "tf_pool_free_growth_bytes": self.pool_free_growth,
             "between_tests_bytes": self.between_tests,
             "explained_bytes": self.explained,
@@ -440,6 +442,7 @@ class SessionAccount:
             "fixtures_bytes": self.total(lambda p: p.booked_bytes(FIXTURE)),
             "imports_bytes": self.total(lambda p: p.booked_bytes(IMPORT)),
             "runtime_bytes": self.total(lambda p: p.booked_bytes(RUNTIME)),
+            "first_use_bytes": self.total(lambda p: p.booked_bytes(FIRST_USE)),
             "tf_pool_free_growth_bytes": self.total(lambda p: p.pool_free_growth),
             "between_tests_bytes": self.total(lambda p: p.between_tests),
             "explained_share": self.explained_share,

@@ -210,6 +210,15 @@ TF_WARMUP = Option(
     parse_bool,
     True,
 )
+FIRST_USE_WARMUP = Option(
+    "first_use_warmup",
+    "before the first measured test, pay each framework's first use once its runtime started (a tiny "
+    "Keras fit, evaluate and predict with Adam and SGD, conv, LSTM and embedding kernels, a tf.data "
+    "pipeline, a traced function, a gradient), so whichever test runs first is not charged for it; "
+    "booked in the session's account (default true; needs tfmem_tf_warmup)",
+    parse_bool,
+    True,
+)
 SUBTESTS = Option(
     "subtests",
     "list each subtest's figure under its test in the terminal summary (subtests are measured "
@@ -233,7 +242,7 @@ PLATFORM = Option(
     platforms.parse_choice,
     platforms.AUTO,
 )
-CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, SUBTESTS, BOOK_IMPORTS, PLATFORM]
+CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, FIRST_USE_WARMUP, SUBTESTS, BOOK_IMPORTS, PLATFORM]
 
 
 @dataclass(frozen=True)
@@ -241,6 +250,7 @@ class CoreSettings:
     budget: int | None
     top: int
     tf_warmup: bool
+    first_use_warmup: bool
     subtests: bool  # list subtests in the terminal summary
     book_imports: bool  # leave first imports out of the tests' figures
     any_set: bool  # a tfmem option or ini value was given: measure every test
@@ -252,6 +262,7 @@ class CoreSettings:
             budget=values["budget"][0],
             top=values["top"][0],
             tf_warmup=values["tf_warmup"][0],
+            first_use_warmup=values["first_use_warmup"][0],
             subtests=values["subtests"][0],
             book_imports=values["book_imports"][0],
             any_set=values["budget"][1] or values["subtests"][0],

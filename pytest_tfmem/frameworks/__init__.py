@@ -11,23 +11,34 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import sys
-from collections.abc import MutableMapping, Sequence
+import warnings
+from collections.abc import Callable, Collection, MutableMapping, Sequence
+from dataclasses import dataclass
 from types import FunctionType, ModuleType
 from typing import Any
 
-from .base import DeviceView, Framework, Holder, NamedItems, ProfilerBusy
+from . import keras as keras_first_use
+from .base import DeviceView, Framework, Holder, NamedItems, ProfilerBusy, imported
 from .jax import Jax
 from .tensorflow import TensorFlow
 from .torch import Torch
 
-__all__ = ["DeviceView", "Framework", "Holder", "ProfilerBusy", "KNOWN", "loaded", "started"]
+__all__ = ["DeviceView", "FirstUse", "Framework", "Holder", "ProfilerBusy", "KNOWN", "loaded", "started"]
 
 KNOWN: tuple[Framework, ...] = (TensorFlow(), Jax(), Torch())
 KERAS_MODULES = ("keras", "tf_keras")
+# The packages whose code is a framework's (or Keras's): nothing of tfmem's may run inside theirs.
+FRAMEWORK_PACKAGES = frozenset({*(framework.module for framework in KNOWN), *KERAS_MODULES, "jaxlib"})
 _MODULE_OF_TYPE = type.__dict__["__module__"]  # type's own descriptors: no metaclass runs
 _MODULE_OF_FUNCTION = FunctionType.__dict__["__module__"]
 DEFAULT_KERAS_BACKEND = "tensorflow"
+
+
+def is_framework_module(name: str) -> bool:
+    """``name`` is a module of a framework, Keras or their libraries (``jax._src.lazy_loader``)."""
+    return name.split(".", 1)[0] in FRAMEWORK_PACKAGES
 
 
 def loaded() -> list[Framework]:
@@ -59,6 +70,11 @@ def named_modules(namespace: dict[str, Any]) -> set[str]:
         if isinstance(name, str):
             named.add(name.split(".", 1)[0])
     return named
+
+
+def missing_views() -> list[str]:
+    """What the loaded frameworks cannot give in this process, each with how to get it."""
+    return [line for framework in loaded() for line in framework.missing_views()]
 
 
 def started() -> list[Framework]:
@@ -204,6 +220,49 @@ def clear() -> list[str]:
         cost = f" ({framework.clear_cost})" if framework.clear_cost else ""
         cleared += [f"{action}{cost}" for action in framework.clear()]
     return cleared
+
+
+@dataclass(frozen=True)
+class FirstUse:
+    """The one-time costs of a framework's first use, or of Keras's on its backend, to pay before
+    the first measured test (``warm_up``): ``name`` for the session's account (``Keras``)."""
+
+    name: str
+    run: Callable[[], None]
+
+
+def first_uses(started: Collection[str], finishing: str = "") -> list[FirstUse]:
+    """What to warm up of the frameworks whose runtime tfmem started (``started``: their modules):
+    each one's own first use, and Keras 3's where it is loaded (``finishing``: as
+    ``keras_first_use.loaded_keras`` reads it) and runs on one of them."""
+    found = [FirstUse(framework.name, framework.warm_up) for framework in KNOWN if framework.module in started]
+    keras = keras_first_use.loaded_keras(finishing)
+    numpy = imported("numpy")
+    if keras is not None and numpy is not None:
+        runs_on = next((f for f in KNOWN if f.keras_backend == keras_first_use.backend(keras)), None)
+        if runs_on is not None and runs_on.module in started:
+            found.append(FirstUse(keras_first_use.NAME, functools.partial(keras_first_use.warm_up, keras, numpy.zeros)))
+    return found
+
+
+def warm_up(first_use: FirstUse) -> None:
+    """Run ``first_use`` with its warnings silenced and every global random generator (Python's,
+    NumPy's, each loaded framework's) put back as it was: a test draws the numbers it would draw
+    without it."""
+    numpy = imported("numpy")
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    put_back = [framework.keep_random_state() for framework in loaded()]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first_use.run()
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+        for restore in put_back:
+            restore()
 
 
 def set_gpu_environment(environ: MutableMapping[str, str]) -> list[str]:

@@ -8,7 +8,7 @@ framework: each method works on the module user code loaded, found in ``sys.modu
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,6 +21,10 @@ def imported(name: str) -> ModuleType | None:
     if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
         return None
     return module
+
+
+def nothing_to_put_back() -> None:
+    """What ``Framework.keep_random_state`` returns where a framework keeps no random state."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,23 @@ class Framework(Protocol):
         """Start its runtime with one tiny computation, so that start-up is booked apart."""
         ...
 
+    def warm_up(self) -> None:
+        """Pay the one-time costs of its first use (a traced or compiled function, a gradient,
+        its data pipeline, common kernels) on tiny inputs, once its runtime started, keeping
+        nothing it made. Its random generators are put back by the caller (``keep_random_state``)."""
+        ...
+
+    def keep_random_state(self) -> Callable[[], None]:
+        """Read the state of its global random generators; the function returned puts it back."""
+        ...
+
     def device_views(self) -> Sequence[DeviceView]:
         """Its own per-device memory figures, where it keeps them (once the runtime started)."""
+        ...
+
+    def missing_views(self) -> list[str]:
+        """The views it cannot give in this process, and how to get them: a sentence each (asked
+        once it is loaded, before its runtime starts; starts nothing)."""
         ...
 
     def is_gpu_view(self, name: str) -> bool:

@@ -10,11 +10,11 @@ process's lifetime peak and cannot be reset (see ``JaxDevice``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported, nothing_to_put_back
 
 MODULE = "jax"
 EXECUTABLES = "JAX compiled executables"  # its holder of compiled code
@@ -91,6 +91,25 @@ class Jax:
         numpy = jax.numpy
         (numpy.ones((8, 8)) @ numpy.ones((8, 8))).sum().block_until_ready()
         jax.random.normal(jax.random.key(0), (8,)).block_until_ready()
+
+    def warm_up(self) -> None:
+        """A loss and its gradient compiled together (``jit`` of ``value_and_grad``) and run."""
+        jax = imported(MODULE)
+        if jax is None:
+            return
+        numpy = jax.numpy
+
+        def loss(weights: Any, inputs: Any) -> Any:
+            return numpy.mean(numpy.tanh(inputs @ weights) ** 2)
+
+        value, gradient = jax.jit(jax.value_and_grad(loss))(numpy.zeros((4, 2)), numpy.ones((8, 4)))
+        gradient.block_until_ready()
+
+    def keep_random_state(self) -> Callable[[], None]:
+        return nothing_to_put_back  # JAX's random numbers come from keys passed in: no global state
+
+    def missing_views(self) -> list[str]:
+        return []  # its host memory is the host view's; its GPU views need only a GPU
 
     def device_views(self) -> list[JaxDevice]:
         if not self.runtime_started():

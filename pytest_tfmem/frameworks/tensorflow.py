@@ -9,18 +9,21 @@ reads what the test needed (see README, "What is measured").
 from __future__ import annotations
 
 import collections
+import os
+import random
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported, nothing_to_put_back
 
 MODULE = "tensorflow"
 LIBRARY_HOLDER = "TF function library"  # its holder; the leak check also follows it by function name
 TRACE_PREFIX = "__inference_"  # a tf.function trace in the function library
+TRUE = ("1", "true", "yes", "on")  # as TensorFlow reads a boolean environment variable
 _NUMBERS = re.compile(r"_\d+(?=_|$)")  # the parts of a library name that differ per copy
 
 
@@ -142,6 +145,63 @@ class TensorFlow:
             return
         tf.config.list_logical_devices()
         tf.reduce_sum(tf.ones((8, 8)) @ tf.ones((8, 8))).numpy()
+
+    def warm_up(self) -> None:
+        """A ``tf.data`` pipeline (map, shuffle, batch), a gradient taken on a tape and applied, a
+        ``tf.function`` traced through autograph, conv and pooling kernels."""
+        tf = loaded_tensorflow()
+        if tf is None:
+            return
+        pipeline = tf.data.Dataset.from_tensor_slices(tf.zeros((16, 4))).map(lambda row: row * 2.0)
+        for _ in pipeline.shuffle(8).batch(4).prefetch(1):
+            pass
+        weights = tf.Variable(tf.zeros((4, 1)))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(tf.ones((4, 4)), weights)))
+        weights.assign_sub(0.1 * tape.gradient(loss, weights))
+
+        @tf.function
+        def features(images: Any) -> Any:
+            if tf.reduce_sum(images) > 0:  # a condition autograph converts
+                images = tf.nn.relu(images)
+            filters = tf.zeros((3, 3, 1, 2))
+            return tf.nn.max_pool2d(tf.nn.conv2d(images, filters, 1, "SAME"), 2, 2, "VALID")
+
+        features(tf.ones((2, 8, 8, 1)))
+
+    def keep_random_state(self) -> Callable[[], None]:
+        """The generator of op seeds TensorFlow draws from once a global seed is set
+        (``tf.random.set_seed``); unseeded ops keep no state."""
+        if loaded_tensorflow() is None:
+            return nothing_to_put_back
+        context = _eager_context()
+        generator: random.Random | None = getattr(context, "_rng", None)
+        if generator is None:
+            return nothing_to_put_back
+        seeded = generator
+        state = seeded.getstate()
+
+        def put_back() -> None:
+            if getattr(context, "_rng", None) is seeded:  # not reseeded meanwhile
+                seeded.setstate(state)
+
+        return put_back
+
+    def missing_views(self) -> list[str]:
+        """The CPU allocator's view, where its allocator keeps no statistics: with oneDNN off, its
+        default on CPUs without the vector instructions TensorFlow looks for (some AMD EPYC)."""
+        if loaded_tensorflow() is None:
+            return []
+        port = sys.modules.get("tensorflow.python.util._pywrap_util_port")
+        if port is None or port.IsMklEnabled() or os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in TRUE:
+            return []
+        why = ("TF_ENABLE_ONEDNN_OPTS is off" if "TF_ENABLE_ONEDNN_OPTS" in os.environ
+               else "oneDNN is off by default on this CPU")
+        return [
+            f"no TF CPU allocator view: TensorFlow's CPU allocator keeps no statistics here ({why}), so tensors "
+            "count as host memory only; TF_ENABLE_ONEDNN_OPTS=1 (or TF_CPU_ALLOCATOR_USE_BFC=1) set before "
+            "TensorFlow loads turns it on"
+        ]
 
     def device_views(self) -> list[TFAllocator]:
         tf = loaded_tensorflow()

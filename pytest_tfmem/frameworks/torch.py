@@ -9,12 +9,12 @@ live tensors are named among the objects a test kept, by their bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported
+from .base import DeviceView, Holder, NamedItems, ProfilerBusy, imported, nothing_to_put_back
 
 MODULE = "torch"
 
@@ -83,6 +83,40 @@ class Torch:
         if torch.cuda.is_available():
             (torch.ones((8, 8), device="cuda") @ torch.ones((8, 8), device="cuda")).sum().item()
         self._started = True
+
+    def warm_up(self) -> None:
+        """A linear layer's loss taken back through autograd and an Adam step; conv, pooling and
+        LSTM kernels run without gradients."""
+        torch = _loaded()
+        if torch is None:
+            return
+        nn = torch.nn
+        layer = nn.Linear(4, 2)
+        optimizer = torch.optim.Adam(layer.parameters())
+        layer(torch.ones((8, 4))).square().mean().backward()
+        optimizer.step()
+        with torch.no_grad():
+            features = nn.functional.conv2d(torch.ones((2, 1, 8, 8)), torch.zeros((2, 1, 3, 3)))
+            nn.functional.max_pool2d(nn.functional.relu(features), 2)
+            nn.LSTM(4, 2, batch_first=True)(torch.ones((2, 3, 4)))
+
+    def keep_random_state(self) -> Callable[[], None]:
+        """The CPU generator's state, and each GPU's where CUDA started (new layers draw from them)."""
+        torch = _loaded()
+        if torch is None:
+            return nothing_to_put_back
+        cpu = torch.get_rng_state()
+        gpus = torch.cuda.get_rng_state_all() if _cuda_initialized(torch) else None
+
+        def put_back() -> None:
+            torch.set_rng_state(cpu)
+            if gpus is not None:
+                torch.cuda.set_rng_state_all(gpus)
+
+        return put_back
+
+    def missing_views(self) -> list[str]:
+        return []  # its host memory is the host view's; its GPU views need only a GPU
 
     def device_views(self) -> list[CudaAllocator]:
         torch = _loaded()

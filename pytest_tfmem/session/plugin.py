@@ -40,6 +40,7 @@ from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.pytest_internals import release_fixture_values
 from pytest_tfmem.core.record import RetainedFigures, TestRecord, publish
 from pytest_tfmem.core.retained import (
+    FIRST_USE,
     FIXTURE,
     IMPORT,
     RUNTIME,
@@ -183,11 +184,16 @@ class SessionBooks:
             measure.probes().trackers()
         before = self._level if self._level is not None else self._read()
         prepared = tfmem.prepare_frameworks(item)  # imported since: their runtimes start now
-        started = self._read() if prepared else before
-        span = _Span(item.nodeid, before, self.watcher.snapshot())
+        level = self._read() if prepared else before
+        bookings = []
         if prepared:
             names = " and ".join(framework.name for framework in prepared)
-            span.bookings.append(Booking.between(RUNTIME, f"{names}'s runtime start", "", before, started))
+            bookings.append(Booking.between(RUNTIME, f"{names}'s runtime start", "", before, level))
+        for first_use in tfmem.first_uses_due():  # each booked on its own: "Keras's first use"
+            tfmem.warm_up(first_use)
+            level, warmed_from = self._read(), level
+            bookings.append(Booking.between(FIRST_USE, f"{first_use.name}'s first use", "", warmed_from, level))
+        span = _Span(item.nodeid, before, self.watcher.snapshot(), bookings)
         span.import_mark = tfmem.imports.mark()
         self._span = span
         return (yield)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_tfmem.core.retained import FIXTURE, IMPORT, RUNTIME, ProcessAccount, SessionAccount
+from pytest_tfmem.core.retained import FIRST_USE, FIXTURE, IMPORT, RUNTIME, ProcessAccount, SessionAccount
 from pytest_tfmem.units import format_size
 
 NOTABLE_GROWTH = 32 * 2**20  # a session that grew less is not worth a section
@@ -19,6 +19,10 @@ def process_line(process: ProcessAccount) -> str:
     for kind, label in ((FIXTURE, "fixtures"), (IMPORT, "first imports"), (RUNTIME, _runtime_label(process))):
         if process.bookings(kind):
             parts.append(f"{label} {_signed(process.booked_bytes(kind))}")
+    first_uses: dict[str, int] = {}  # "Keras's first use": bytes, in the order they were paid
+    for _, booking in process.bookings(FIRST_USE):
+        first_uses[booking.name] = first_uses.get(booking.name, 0) + booking.bytes
+    parts += [f"{name} {_signed(size)}" for name, size in first_uses.items()]
     if process.pool_free_growth:
         parts.append(f"TensorFlow's pool, free for reuse {_signed(process.pool_free_growth)}")
     if process.between_tests:
