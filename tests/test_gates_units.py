@@ -16,6 +16,7 @@ from pytest_tfmem.gates.baseline import (
     Baseline,
     BaselineEntry,
     BaselineError,
+    Spread,
     load_baseline,
     save_baseline,
 )
@@ -203,3 +204,32 @@ def test_environment_names_the_gpus_through_nvml(monkeypatch):
     without = current_environment()
     assert without["gpus"] == []
     assert environment_differences(with_gpu, without) == ["gpus Fake H100 in the baseline, none here"]
+
+
+def test_a_figure_inside_the_spread_of_the_baselines_runs_is_no_regression_whatever_the_tolerance():
+    runs = BaselineEntry(peak=27 * MIB, spread=Spread(5, {"peak": (25 * MIB, 33 * MIB)}))
+    exact = parse_tolerance("0%")
+    (inside,) = compare("t.py::test_fit", measured(32 * MIB), runs, exact)
+    assert inside.status == WITHIN and inside.inside_spread
+    assert inside.message() == "peak 32.0 MiB vs baseline 27.0 MiB (+18.5%, inside the spread of its runs, 25.0 MiB - 33.0 MiB)"
+    (beyond,) = compare("t.py::test_fit", measured(34 * MIB), runs, exact)
+    assert beyond.status == REGRESSION
+    assert beyond.message().endswith("(+25.9% > 0%; its runs read 25.0 MiB - 33.0 MiB)")
+    (below,) = compare("t.py::test_fit", measured(24 * MIB), runs, exact)
+    assert below.status == IMPROVEMENT
+    # without a spread, the same figure against the same median is a regression
+    (single,) = compare("t.py::test_fit", measured(32 * MIB), BaselineEntry(peak=27 * MIB), exact)
+    assert single.status == REGRESSION
+
+
+def test_a_spread_survives_the_file_and_a_bad_or_missing_one_reads_as_before(tmp_path):
+    path = tmp_path / "baseline.json"
+    kept = Spread(3, {"peak": (25 * MIB, 33 * MIB), "retained": (0, 2 * MIB)})
+    save_baseline(Baseline(tests={"t.py::test_fit": BaselineEntry(27 * MIB, retained=MIB, spread=kept)}), path)
+    assert load_baseline(path).tests["t.py::test_fit"].spread == kept
+    data = json.loads(path.read_text())
+    for bad in ({"runs": 3, "peak": [33, 25]}, {"runs": "3", "peak": [1, 2]}, {"runs": 1, "peak": [1, 2]}, [1, 2], None):
+        data["tests"]["t.py::test_fit"]["spread"] = bad
+        path.write_text(json.dumps(data))
+        entry = load_baseline(path).tests["t.py::test_fit"]
+        assert (entry.peak, entry.spread) == (27 * MIB, None)

@@ -5,7 +5,7 @@
     tfmem plot REPORT -o memory.png [--baseline BASELINE] [--top N] [--session]
     tfmem last [RESULTS] [--all]
     tfmem run [OPTIONS] (script.py | -m module | -- COMMAND) [ARGS]
-    tfmem merge -o BASELINE INPUT... [--prefer first|last|max|min]
+    tfmem merge -o BASELINE INPUT... [--prefer first|last|max|min|spread]
 
 Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the session
 ``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
@@ -347,6 +347,10 @@ def run_merge(args: argparse.Namespace) -> int:
     left_out = sum(shard.left_out for shard in shards)
     if left_out:
         print(f"{left_out} measured test(s) of the reports did not pass: not taken (a failing run says little)")
+    spread = [entry.spread.runs for entry in merged.baseline.tests.values() if entry.spread is not None]
+    if spread:
+        print(f"{len(spread)} test(s) measured by several inputs keep their spread "
+              f"({min(spread)}-{max(spread)} runs each): the gates read it as their noise")
     if merged.conflicts:
         print(f"{len(merged.conflicts)} test(s) measured differently by several inputs: --prefer={args.prefer} chose")
         for conflict in merged.conflicts[:10]:
@@ -559,7 +563,9 @@ COMMANDS = [
         help="merge the reports or baselines of a suite's shards into one baseline, or memory histories into one",
         description="Write one baseline from the JSON reports (pytest --tfmem-report; their passed tests) "
         "and baselines of a suite's shards. A test two inputs measured with different figures stops the "
-        "merge (exit code 2) unless --prefer says which wins. Memory histories (pytest --tfmem-history) "
+        "merge (exit code 2) unless --prefer says which wins, or --prefer=spread says the inputs are runs of "
+        "the same code (each test keeps their median and spread, read by the gates as its noise). Memory "
+        "histories (pytest --tfmem-history) "
         "merge into one history instead: a line per commit and environment, shards' tests together, each "
         "session once. The output is written atomically and may be one of the inputs.",
         arguments=(
@@ -568,9 +574,10 @@ COMMANDS = [
             argument(
                 "--prefer",
                 # gates.merge.PREFER_RULES, not imported here: it brings pytest (tests/test_run.py checks)
-                choices=("first", "last", "max", "min"),
+                choices=("first", "last", "max", "min", "spread"),
                 help="which input wins a test measured differently by several: the first or last named, "
-                "or the highest or lowest peak (default: refuse)",
+                "or the highest or lowest peak; or spread: every input's figures, as runs of the same code "
+                "(default: refuse)",
             ),
         ),
     ),

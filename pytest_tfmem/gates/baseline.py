@@ -10,13 +10,18 @@ A baseline is a versioned JSON file keyed by test node id::
       "tests": {
         "tests/test_model.py::test_fit": {"peak": 671088640, "views": {"host": 671088640, "tf:CPU:0": 540000000}},
         "tests/test_model.py::test_loop": {"peak": 12582912, "views": {"host": 12582912}, "leak_slope": 6400000.0,
-                                           "retained": 1048576}
+                                           "retained": 1048576},
+        "tests/test_model.py::test_small": {"peak": 9437184, "views": {"host": 9437184},
+                                            "spread": {"runs": 3, "peak": [8388608, 10485760]}}
       }
     }
 
-Saving merges into the existing file (tests not run keep their entries unless pruned) and
-replaces it atomically; loading validates everything and raises ``BaselineError`` naming
-the file and the problem.
+An entry measured more than once (``tfmem merge`` of several runs' reports) keeps its spread: the
+lowest and highest figure of its runs, beside their median; a gate never calls a figure inside it
+a regression. Saving merges into the existing file (tests not run keep their entries unless
+pruned) and replaces it atomically; loading validates everything and raises ``BaselineError``
+naming the file and the problem (an entry's spread that cannot be read is left out, as in a
+baseline written before spreads were kept).
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.gates.environment import current_environment
+
+
+def _is_bytes(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class BaselineError(FileFormatError):
@@ -60,18 +69,51 @@ def compared_quantities(measurement: Measurement) -> dict[str, int]:
 
 
 @dataclass(frozen=True)
+class Spread:
+    """What the runs of a test measured more than once read of each figure: ``figures`` maps
+    ``peak`` (and ``retained``, where the runs had it) to the lowest and highest value."""
+
+    runs: int
+    figures: dict[str, tuple[int, int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, **{name: list(bounds) for name, bounds in self.figures.items()}}
+
+    @classmethod
+    def from_dict(cls, data: object) -> Spread | None:
+        """The spread a file holds; ``None`` for one that cannot be read (nothing is refused for it)."""
+        if not isinstance(data, dict) or not _is_bytes(data.get("runs")) or data["runs"] < 2:
+            return None
+        figures = {}
+        for name in SPREAD_FIGURES:
+            bounds = data.get(name)
+            if isinstance(bounds, list) and len(bounds) == 2 and all(map(_is_bytes, bounds)) and bounds[0] <= bounds[1]:
+                figures[name] = (bounds[0], bounds[1])
+        return cls(data["runs"], figures) if "peak" in figures else None
+
+
+SPREAD_FIGURES = ("peak", "retained")
+
+
+@dataclass(frozen=True)
 class BaselineEntry:
-    """One test's reference figures, in bytes (``leak_slope`` in bytes per iteration)."""
+    """One test's reference figures, in bytes (``leak_slope`` in bytes per iteration); ``spread``
+    where it was measured more than once (then ``peak`` and ``retained`` are the runs' medians)."""
 
     peak: int
     views: dict[str, int] = field(default_factory=dict)
     leak_slope: float | None = None
     retained: int | None = None  # what the test left behind after its teardown (0 when it freed more)
+    spread: Spread | None = None
 
     def quantities(self) -> dict[str, int]:
         quantities = {"peak": self.peak}
         quantities.update({name: value for name, value in self.views.items() if frameworks.is_gpu_view(name)})
         return quantities
+
+    def bounds(self, quantity: str) -> tuple[int, int] | None:
+        """The lowest and highest value the runs of ``quantity`` read, where the entry keeps them."""
+        return None if self.spread is None else self.spread.figures.get(quantity)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"peak": self.peak, "views": dict(self.views)}
@@ -79,6 +121,8 @@ class BaselineEntry:
             data["leak_slope"] = self.leak_slope
         if self.retained is not None:
             data["retained"] = self.retained
+        if self.spread is not None:
+            data["spread"] = self.spread.to_dict()
         return data
 
     @classmethod
@@ -156,10 +200,6 @@ def load_baseline(path: str | Path, *, missing_ok: bool = False) -> Baseline:
     )
 
 
-def _is_bytes(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _parse_entry(path: str | Path, nodeid: str, entry: object) -> BaselineEntry:
     if not isinstance(entry, dict) or not _is_bytes(entry.get("peak")):
         peak = entry.get("peak") if isinstance(entry, dict) else entry
@@ -174,4 +214,5 @@ def _parse_entry(path: str | Path, nodeid: str, entry: object) -> BaselineEntry:
     if retained is not None and not _is_bytes(retained):
         why = f"\"retained\" must be a whole number of bytes >= 0, got {retained!r}"
         raise BaselineError(path, f"test {nodeid!r}: {why}")
-    return BaselineEntry(entry["peak"], dict(views), None if slope is None else float(slope), retained)
+    spread = Spread.from_dict(entry.get("spread"))
+    return BaselineEntry(entry["peak"], dict(views), None if slope is None else float(slope), retained, spread)

@@ -1,5 +1,9 @@
 """Compare a test's figures with its baseline entry: regression, improvement, within tolerance, new.
 
+Where the entry was measured more than once it keeps its spread (``BaselineEntry.spread``): a
+figure inside the lowest and highest its runs read is never a regression or an improvement,
+whatever the tolerance; beyond it, the tolerance counts from the runs' median as before.
+
 Pure functions shared by the pytest check and the ``tfmem compare`` command.
 """
 
@@ -39,6 +43,7 @@ class Comparison:
     current: int
     baseline: int | None
     tolerance: Tolerance
+    spread: tuple[int, int] | None = None  # the lowest and highest of the baseline's runs, where it kept them
 
     @property
     def change(self) -> int | None:
@@ -62,11 +67,18 @@ class Comparison:
         if self.baseline is None:
             return NEW
         assert self.change is not None and self.allowance is not None
-        if self.change > self.allowance:
+        if self.change > self.allowance and (self.spread is None or self.current > self.spread[1]):
             return REGRESSION
-        if -self.change > self.allowance:
+        if -self.change > self.allowance and (self.spread is None or self.current < self.spread[0]):
             return IMPROVEMENT
         return WITHIN
+
+    @property
+    def inside_spread(self) -> bool:
+        """Beyond the tolerance, but inside the baseline runs' spread: their noise, not a change."""
+        if self.spread is None or self.change is None or self.allowance is None:
+            return False
+        return abs(self.change) > self.allowance and self.spread[0] <= self.current <= self.spread[1]
 
     @property
     def label(self) -> str:
@@ -94,10 +106,18 @@ class Comparison:
             REGRESSION: f"{change} > {self.tolerance}",
             IMPROVEMENT: f"{change}, more than {self.tolerance} below",
         }.get(self.status, f"{change}, within {self.tolerance}")
+        runs = f"{format_size(self.spread[0])} - {format_size(self.spread[1])}" if self.spread is not None else ""
+        if self.inside_spread:
+            outcome = f"{change}, inside the spread of its runs, {runs}"
+        elif runs and self.status != WITHIN:
+            outcome += f"; its runs read {runs}"
         return f"{self.label} {format_size(self.current)} vs baseline {format_size(self.baseline)} ({outcome})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"current": self.current, "baseline": self.baseline, "status": self.status}
+        data: dict[str, Any] = {"current": self.current, "baseline": self.baseline, "status": self.status}
+        if self.spread is not None:
+            data["spread"] = list(self.spread)
+        return data
 
 
 def compare(
@@ -113,17 +133,19 @@ def compare(
     """
     reference = entry.quantities() if entry is not None else {}
     comparisons = [
-        Comparison(nodeid, quantity, current, reference.get(quantity), tolerance)
+        Comparison(nodeid, quantity, current, reference.get(quantity), tolerance,
+                   entry.bounds(quantity) if entry is not None else None)
         for quantity, current in compared_quantities(measurement).items()
     ]
     if retained is not None and entry is not None and entry.retained is not None:
-        comparisons.append(compare_retained(nodeid, retained, entry.retained, tolerance))
+        comparisons.append(compare_retained(nodeid, retained, entry, tolerance))
     return comparisons
 
 
-def compare_retained(nodeid: str, retained: int, baseline: int, tolerance: Tolerance) -> Comparison:
+def compare_retained(nodeid: str, retained: int, entry: BaselineEntry, tolerance: Tolerance) -> Comparison:
     """What a test left behind against its baseline's figure (a test that freed more counts as 0)."""
-    return Comparison(nodeid, RETAINED, max(0, retained), baseline, tolerance)
+    assert entry.retained is not None
+    return Comparison(nodeid, RETAINED, max(0, retained), entry.retained, tolerance, entry.bounds(RETAINED))
 
 
 def by_test(comparisons: Iterable[Comparison]) -> dict[str, list[Comparison]]:
@@ -162,9 +184,14 @@ def comparisons_from_record(record: TestRecord) -> list[Comparison]:
         return []
     tolerance = parse_tolerance(section["tolerance"])
     return [
-        Comparison(record.nodeid, quantity, figures["current"], figures["baseline"], tolerance)
+        Comparison(record.nodeid, quantity, figures["current"], figures["baseline"], tolerance, _bounds(figures))
         for quantity, figures in section["quantities"].items()
     ]
+
+
+def _bounds(figures: dict[str, Any]) -> tuple[int, int] | None:
+    spread = figures.get("spread")
+    return (int(spread[0]), int(spread[1])) if isinstance(spread, list) and len(spread) == 2 else None
 
 
 def not_run_note(baseline_tests: Iterable[str], measured: Iterable[str], *, where: str) -> str | None:

@@ -3,12 +3,15 @@
 Each input gives its tests' baseline entries: a baseline file its entries, a JSON report the
 entries of its passed, measured tests (what ``--tfmem-save-baseline`` would have saved from that
 session). A test found in several inputs with the same figures is taken once; with different
-figures it is a ``MergeConflict`` unless a ``Prefer`` rule says which input wins.
+figures it is a ``MergeConflict`` unless a rule of ``PREFER_RULES`` says which input wins, or,
+``spread``, that the inputs are runs of the same code: the test's entry is then their medians with
+their spread, which the gates read as the test's noise.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,13 +20,14 @@ from typing import Any
 
 from pytest_tfmem.files import FileFormatError
 from pytest_tfmem.gates import baseline as baselines, reports
-from pytest_tfmem.gates.baseline import Baseline, BaselineEntry
+from pytest_tfmem.gates.baseline import SPREAD_FIGURES, Baseline, BaselineEntry, Spread
 from pytest_tfmem.gates.environment import environment_differences
 from pytest_tfmem.units import format_size
 
 # Which input wins a test that several measured differently: the first or last named on the
-# command line, or the one with the highest or lowest peak.
-PREFER_RULES = ("first", "last", "max", "min")
+# command line, or the one with the highest or lowest peak; or ``spread``: every input's figures,
+# as runs of the same code.
+PREFER_RULES = ("first", "last", "max", "min", "spread")
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ def merge_shards(shards: Sequence[Shard], prefer: str | None = None) -> Merged:
     if conflicts and prefer is None:
         raise MergeConflict(conflicts)
     tests = {nodeid: _winner(figures, prefer) for nodeid, figures in sorted(found.items())}
+    if prefer == "spread":
+        conflicts = []  # nothing was chosen over anything: every figure is in the spread
     environment = next((shard.environment for shard in shards if shard.environment), {})
     notes = []
     for shard in shards:
@@ -119,6 +125,8 @@ def merge_shards(shards: Sequence[Shard], prefer: str | None = None) -> Merged:
 
 def _winner(figures: list[tuple[str, BaselineEntry]], prefer: str | None) -> BaselineEntry:
     entries = [entry for _, entry in figures]
+    if prefer == "spread" and len(entries) > 1:
+        return combined(entries)
     if prefer == "last":
         return entries[-1]
     if prefer == "max":
@@ -126,3 +134,31 @@ def _winner(figures: list[tuple[str, BaselineEntry]], prefer: str | None) -> Bas
     if prefer == "min":
         return min(entries, key=lambda entry: entry.peak)
     return entries[0]  # "first", or the figures all agree
+
+
+def combined(entries: Sequence[BaselineEntry]) -> BaselineEntry:
+    """Several runs' entries of one test as one: the median peak's entry (its views and leak
+    slope), the median retained figure, and every run's lowest and highest figure as the spread
+    (an entry that has a spread already brings its runs and bounds)."""
+    by_peak = sorted(entries, key=lambda entry: entry.peak)
+    middle = by_peak[(len(by_peak) - 1) // 2]
+    runs = sum(entry.spread.runs if entry.spread is not None else 1 for entry in entries)
+    figures = {}
+    for name in SPREAD_FIGURES:
+        bounds = [entry.bounds(name) or ((value, value) if (value := _figure(entry, name)) is not None else None)
+                  for entry in entries]
+        known = [bound for bound in bounds if bound is not None]
+        if known:
+            figures[name] = (min(low for low, _ in known), max(high for _, high in known))
+    retained = [entry.retained for entry in entries if entry.retained is not None]
+    return BaselineEntry(
+        peak=middle.peak,
+        views=dict(middle.views),
+        leak_slope=middle.leak_slope,
+        retained=int(statistics.median_low(retained)) if retained else None,
+        spread=Spread(runs, figures),
+    )
+
+
+def _figure(entry: BaselineEntry, name: str) -> int | None:
+    return entry.peak if name == "peak" else entry.retained

@@ -200,7 +200,7 @@ class CiGates:
         if entry is None or entry.retained is None or record.retained is None or record.measurement is None:
             return None
         tolerance = self._tolerance(item)
-        comparison = compare_retained(record.nodeid, record.retained.bytes, entry.retained, tolerance)
+        comparison = compare_retained(record.nodeid, record.retained.bytes, entry, tolerance)
         peak = compare(record.nodeid, record.measurement, entry, tolerance)
         record.extra[SECTION] = record_section([*peak, comparison], tolerance)
         verdict = baseline_verdict([comparison])
