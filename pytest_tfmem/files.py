@@ -4,6 +4,10 @@
 the new, never a truncated mix. An output (``Output``: a report, a summary, a chart) is written
 only over a file that is already one of its kind: ``overwrite_refusal`` says why another is
 not (a test file taken for the path when ``--tfmem-report=PATH`` was typed with a space).
+Every path the user names for an output follows one rule before anything runs: after
+``overwrite_refusal``, ``prepare_output`` makes its missing directories (as pytest's
+``--junitxml`` makes them), or says why it cannot be written. A write that still fails at the end (a full disk) goes to
+``unwritten_path`` instead, and says where.
 ``VersionedJson`` is a JSON file format of tfmem's (baselines, reports): an object that names its
 format and version, written atomically and read back with both checked, every problem a
 ``FileFormatError`` naming the file.
@@ -292,6 +296,30 @@ def _image(path: Path) -> bool:
 
 
 IMAGE = Output("chart (PNG, SVG or PDF)", _image)
+
+
+def prepare_output(path: Path) -> str | None:
+    """Why ``path`` cannot be written (a directory above it that is a file, a directory it would be
+    made in that cannot be written to, a read-only file), or ``None`` once its missing directories
+    are made."""
+    existing = next((parent for parent in path.parents if parent.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "it is read-only"
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"the directory {existing} cannot be written to"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"its directory {path.parent} cannot be made ({error.strerror or error})"
+    return None
+
+
+def unwritten_path(root: Path, path: Path) -> Path:
+    """Where an output that could not be written at ``path`` goes instead: ``.tfmem/unwritten/``
+    under ``root`` (the session's rootdir), by its own name."""
+    return make_directory(root / DIRECTORY / "unwritten") / path.name
 
 
 def overwrite_refusal(path: Path, kind: Output) -> str | None:

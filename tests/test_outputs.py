@@ -97,3 +97,76 @@ def test_the_commands_refuse_to_write_over_a_file_of_another_kind(pytester: pyte
         assert f"tfmem: error: {flag} would write the" in done.stderr and "test_one.py: it is Python source" in done.stderr
         assert (pytester.path / "test_one.py").read_bytes() == kept
     assert not (pytester.path / "ran").exists()  # refused before the script ran
+
+
+GIT = ("git", "-c", "user.email=t@example.com", "-c", "user.name=t")
+
+
+def checkout(pytester: pytest.Pytester) -> None:
+    """The test module committed in a git checkout: ``--tfmem-history`` keys a session by its commit."""
+    pytester.makepyfile(test_one=TESTS)
+    for args in (("init", "-q"), ("add", "test_one.py"), ("commit", "-qm", "one")):
+        subprocess.run([*GIT, *args], cwd=pytester.path, check=True, capture_output=True)
+
+
+# Every pytest option that writes a file at a path of the user's, and the file it names.
+OUTPUTS = {"report": "out.json", "markdown": "out.md", "save-baseline": "baseline.json", "history": "history.jsonl"}
+
+
+@pytest.mark.parametrize("option", sorted(OUTPUTS))
+def test_missing_directories_of_an_output_are_made_as_junitxml_makes_them(pytester: pytest.Pytester, option: str):
+    checkout(pytester)
+    path = pytester.path / "no" / "such" / OUTPUTS[option]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tfmem-{option}={path}")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.OK and path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("option", sorted(OUTPUTS))
+def test_a_path_that_cannot_be_written_is_a_usage_error_before_any_test_runs(pytester: pytest.Pytester, option: str):
+    checkout(pytester)
+    (pytester.path / "taken").write_text("a file where a directory would be\n")
+    path = pytester.path / "taken" / "sub" / OUTPUTS[option]
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tfmem-{option}={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: pytest-tfmem: --tfmem-{option} cannot write the * to {path}: "
+                                 f"{pytester.path / 'taken'} is a file, not a directory"])
+    assert "test_one.py" not in result.stdout.str()  # not a test ran
+    assert (pytester.path / "taken").read_text() == "a file where a directory would be\n"
+
+
+def test_an_output_that_fails_at_the_end_goes_to_the_tfmem_directory_and_the_exit_code_says_so(
+    pytester: pytest.Pytester,
+):
+    """The directory is taken away while the tests run: the report is not lost."""
+    pytester.makepyfile(test_one=TESTS + """
+
+def test_two():
+    import shutil
+    shutil.rmtree("gone")
+""")
+    (pytester.path / "gone").mkdir()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=gone/report.json")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    kept = pytester.path / ".tfmem" / "unwritten" / "report.json"
+    result.stdout.fnmatch_lines([f"tfmem: could not write the JSON report to *gone/report.json: *; written to {kept} instead"])
+    assert '"test_one.py::test_two"' in kept.read_text()
+
+
+def test_the_commands_make_missing_directories_and_refuse_a_path_they_cannot_write(pytester: pytest.Pytester):
+    checkout(pytester)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=report.json",
+                                  "--tfmem-history=history.jsonl").assert_outcomes(passed=1)
+    (pytester.path / "taken").write_text("mine\n")
+    for command, made in (
+        (["history", "history.jsonl", "--html", "{}/page.html"], "page.html"),
+        (["merge", "-o", "{}/baseline.json", "report.json"], "baseline.json"),
+        (["plot", "report.json", "-o", "{}/memory.png"], "memory.png"),
+    ):
+        done = tfmem(pytester.path, *(part.format("new/dir") for part in command))
+        assert done.returncode == 0, (command, done.stderr)
+        assert (pytester.path / "new" / "dir" / made).stat().st_size > 0
+        refused = tfmem(pytester.path, *(part.format("taken/dir") for part in command))
+        assert refused.returncode == 2 and "taken is a file, not a directory" in refused.stderr, refused.stderr
+    assert (pytester.path / "taken").read_text() == "mine\n"

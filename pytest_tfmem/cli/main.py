@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem.core.settings import parse_positive_int
-from pytest_tfmem.files import IMAGE, FileFormatError, Output, overwrite_refusal
+from pytest_tfmem.files import IMAGE, FileFormatError, Output, overwrite_refusal, prepare_output
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import SIZE_FORMS, parse_size
 
@@ -107,13 +107,17 @@ REPORT = argument("report", metavar="REPORT", help="JSON report (pytest --tfmem-
 
 
 def _output(text: str, kind: Output, flag: str) -> Path:
-    """Where a command writes ``kind``: refused, as bad input, where that would replace a file of
-    another kind (``files.overwrite_refusal``)."""
+    """Where a command writes ``kind``, its missing directories made (``files.prepare_output``):
+    refused, as bad input, where that would replace a file of another kind
+    (``files.overwrite_refusal``) or cannot be written."""
     path = Path(text)
     reason = overwrite_refusal(path, kind)
     if reason is not None:
         raise CliError(f"{flag} would write the {kind.name} over {path}: {reason}; it was left unchanged. "
                        f"Give it a path of its own: {flag}=PATH")
+    reason = prepare_output(path)
+    if reason is not None:
+        raise CliError(f"{flag} cannot write the {kind.name} to {path}: {reason}")
     return path
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem import platforms
-from pytest_tfmem.files import Output, overwrite_refusal
+from pytest_tfmem.files import Output, overwrite_refusal, prepare_output
 from pytest_tfmem.units import SIZE_FORMS, parse_size
 
 if TYPE_CHECKING:  # pytest is imported only where pytest runs: ``tfmem`` commands start without it
@@ -153,29 +153,28 @@ def _nearest(name: str, known: set[str]) -> str:
 
 
 def read_output_option(config: pytest.Config, option: Option, kind: Output) -> Path | None:
-    """A path option that names a file tfmem writes (``read_option``), refused as a usage error
-    where the file would replace something that is not one of ``kind`` (``files.overwrite_refusal``)
-    or a path the session was given to collect: a path taken from the next argument
-    (``--tfmem-report tests/test_x.py``, a space where ``=`` was meant) never costs a file."""
+    """A path option that names a file tfmem writes (``read_option``), made ready to be written
+    before any test runs (``files.prepare_output``: its missing directories made), or refused as a
+    usage error where it cannot be written, where the file would replace something that is not one
+    of ``kind`` (``files.overwrite_refusal``), or where the session was given it to collect: a path
+    taken from the next argument (``--tfmem-report tests/test_x.py``, a space where ``=`` was
+    meant) never costs a file."""
+    import pytest
+
     path, given = read_option(config, option)
     if not given:
         return None
     arguments = {(config.invocation_params.dir / argument.split("::", 1)[0]).absolute() for argument in config.args}
-    reason = overwrite_refusal(path, kind)
-    if reason is None and path in arguments:
-        reason = "the session was given it to collect"
+    reason = "the session was given it to collect" if path in arguments else overwrite_refusal(path, kind)
     if reason is not None:
-        _refuse(option, kind, path, reason)
+        raise pytest.UsageError(
+            f"pytest-tfmem: {option.cli} would write the {kind.name} over {path}: {reason}; it was left unchanged. "
+            f"Give it a path of its own: {option.cli}=PATH (after a space, the next argument is taken for the path)"
+        )
+    reason = prepare_output(path)
+    if reason is not None:
+        raise pytest.UsageError(f"pytest-tfmem: {option.cli} cannot write the {kind.name} to {path}: {reason}")
     return path
-
-
-def _refuse(option: Option, kind: Output, path: Path, reason: str) -> None:
-    import pytest
-
-    raise pytest.UsageError(
-        f"pytest-tfmem: {option.cli} would write the {kind.name} over {path}: {reason}; it was left unchanged. "
-        f"Give it a path of its own: {option.cli}=PATH (after a space, the next argument is taken for the path)"
-    )
 
 
 def read_option(config: pytest.Config, option: Option) -> tuple[Any, bool]:

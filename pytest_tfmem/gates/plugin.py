@@ -20,7 +20,7 @@ from pytest_tfmem.core.manager import ARGUMENTS, manager
 from pytest_tfmem.core.record import RetainedFigures, TestRecord
 from pytest_tfmem.core.summary import HeaviestTests, render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.files import Output, write_text_atomic
+from pytest_tfmem.files import Output, unwritten_path, write_text_atomic
 from pytest_tfmem.gates import history_plugin, reports
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
@@ -292,11 +292,19 @@ class CiGates:
     def _write(
         self, session: pytest.Session, what: str, path: Path, write: Callable[[Path], None], done: str | None = None
     ) -> None:
-        """Write one output; a failure is reported and fails the session instead of passing silently."""
+        """Write one output; where that fails (a full disk, permissions changed during the run), it
+        goes to ``.tfmem/unwritten/`` instead, the session says where, and its exit code says that an
+        output was not written where asked: the session's figures are never lost."""
         try:
             write(path)
         except OSError as error:
             message = f"could not write the {what} to {path}: {error.strerror or error}"
+            try:
+                instead = unwritten_path(self.config.rootpath, path)
+                write(instead)
+                message += f"; written to {instead} instead"
+            except OSError as second:
+                message += f"; nor to .tfmem/unwritten/ ({second.strerror or second})"
             self.outcome_lines.append((message, {"red": True}))
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
