@@ -73,7 +73,7 @@ def measure(commits: int, tests: int) -> dict[str, float]:
         append_s = best_of_three(lambda: history.append_entry(path, one))
         read_s = best_of_three(lambda: history.read_history(path))
         gate_s = best_of_three(lambda: history.read_history(path, last=50 * 4))  # what --tfmem-history-gate reads
-        found = history.series(history.read_history(path))
+        found = history.series(history.read_history(path).entries)
 
         def detect() -> int:
             moved = 0

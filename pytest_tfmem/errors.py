@@ -93,3 +93,9 @@ FAILURE_BY_CHECK: Mapping[str, type[TfmemFailure]] = MappingProxyType(
 
 def failure_for(check: str, message: str) -> TfmemFailure:
     return FAILURE_BY_CHECK.get(check, TfmemFailure)(message)
+
+
+# A tfmem failure's class name -> its check: a record names the exception that ended its call phase.
+CHECK_BY_FAILURE: Mapping[str, str] = MappingProxyType(
+    {failure.__name__: check for check, failure in FAILURE_BY_CHECK.items()} | {TfmemFailure.__name__: "tfmem"}
+)

@@ -371,15 +371,23 @@ def _merge_histories(args: argparse.Namespace) -> int:
     if others:
         raise CliError(f"{', '.join(others)}: not a memory history; histories merge only with histories")
     output = _output(args.output, history.OUTPUT, "--output")
-    entries = _load(lambda _: history.read_history(*map(Path, args.inputs)), "")
+    read = _load(lambda _: history.read_history(*map(Path, args.inputs)), "")
+    _say_skipped(read.skipped)
     try:
-        write_text_atomic(output, "".join(entry.to_line() for entry in entries))
+        write_text_atomic(output, "".join(entry.to_line() for entry in read.entries))
     except OSError as error:
         raise CliError(f"cannot write {str(output)!r}: {error.strerror or error}") from None
-    sessions = sum(len(entry.sessions) for entry in entries)
-    print(f"{output}: {len(entries)} commit(s) and environment(s), {sessions} session(s), "
-          f"from {len(args.inputs)} file(s)")
+    sessions = sum(len(entry.sessions) for entry in read.entries)
+    left_out = f"; {len(read.skipped)} line(s) that could not be read left out" if read.skipped else ""
+    print(f"{output}: {len(read.entries)} commit(s) and environment(s), {sessions} session(s), "
+          f"from {len(args.inputs)} file(s){left_out}")
     return EXIT_OK
+
+
+def _say_skipped(skipped: list[str]) -> None:
+    """Each history line a reader skipped, once, on standard error."""
+    for line in skipped:
+        print(f"tfmem: warning: line skipped: {line}", file=sys.stderr)
 
 
 # history
@@ -391,17 +399,18 @@ def run_history(args: argparse.Namespace) -> int:
     from pytest_tfmem.files import write_text_atomic
     from pytest_tfmem.gates import history_page
     from pytest_tfmem.gates.history import read_history, series, series_key, series_label
-    from pytest_tfmem.gates.steps import creep, steps, threshold
+    from pytest_tfmem.gates.steps import creep, steps
 
     page_path = _output(args.html, history_page.OUTPUT, "--html") if args.html else None
-    entries = _load(lambda _: read_history(*map(Path, args.histories)), "")
+    read = _load(lambda _: read_history(*map(Path, args.histories)), "")
+    _say_skipped(read.skipped)
     groups: dict[str, list[history_page.Drawn]] = {}
-    for nodeid, per_environment in sorted(series(entries, args.quantity).items()):
+    for nodeid, per_environment in sorted(series(read.entries, args.quantity).items()):
         if args.test and not fnmatch.fnmatchcase(nodeid, args.test):
             continue
         for one in per_environment:
             points = one.points[-args.window :] if args.window else one.points
-            drawn = history_page.Drawn(one, tuple(steps(points, args.min_step)), creep(points))
+            drawn = history_page.Drawn(one, tuple(steps(points, args.min_step)), creep(points, min_step=args.min_step))
             groups.setdefault(series_key(one.environment), []).append(drawn)
     if not groups:
         print(f"no {args.quantity} figures in {', '.join(args.histories)}" + (f" for {args.test}" if args.test else ""))
@@ -413,7 +422,7 @@ def run_history(args: argparse.Namespace) -> int:
         quiet = 0
         for drawn in sorted(drawn_tests, key=lambda d: -d.creep_share):
             found = drawn.creep
-            crept = found is not None and found.change > threshold(found.best, 0.0, args.min_step)
+            crept = drawn.crept(args.min_step)
             if not drawn.steps and not crept:
                 quiet += 1
                 continue

@@ -350,7 +350,8 @@ class TfmemManager:
         subtests: list[SubtestFigure] | None = None,
     ) -> TestRecord:
         """Apply the checks to a measurement and attach the record to the item's report."""
-        record = TestRecord(item.nodeid, measurement, budget=self.budget_for(item), subtests=subtests or [])
+        record = TestRecord(item.nodeid, measurement, budget=self.budget_for(item), subtests=subtests or [],
+                            raised=type(error).__name__ if error is not None else None)
         verdicts: list[Verdict | None] = [check_budget(measurement, record.budget)]
         verdicts += self.config.hook.pytest_tfmem_check(item=item, record=record, error=error)
         record.verdicts = [v for v in verdicts if v is not None]

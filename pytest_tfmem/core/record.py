@@ -23,6 +23,7 @@ from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.retained import Retained, SessionAccount
 from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
 from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.errors import CHECK_BY_FAILURE
 
 PROPERTY = "tfmem"
 PEAK_PROPERTY = "tfmem_peak_bytes"  # flat figures, beside the record: JUnit XML shows them
@@ -46,6 +47,9 @@ class TestRecord:
     subtests: list[SubtestFigure] = field(default_factory=list)  # in the order they ran
     reruns: int = 0  # pytest-rerunfailures: attempts before the one this record is of
     retained: Retained | None = None  # what it left behind, once its teardown is over
+    # The class of the exception that ended the call phase, where one did (``ValueError``, or a
+    # tfmem check's failure raised in the body: ``LeakDetected``).
+    raised: str | None = None
 
     @property
     def gpu_need(self) -> int | None:
@@ -56,6 +60,22 @@ class TestRecord:
     @property
     def failed_verdicts(self) -> list[Verdict]:
         return [v for v in self.verdicts if not v.ok]
+
+    @property
+    def failed_checks(self) -> list[str]:
+        """The tfmem checks it failed: its failed verdicts', and the one a failure raised in its body names."""
+        checks = [verdict.check for verdict in self.failed_verdicts]
+        if self.raised is not None and self.raised in CHECK_BY_FAILURE:
+            checks.append(CHECK_BY_FAILURE[self.raised])
+        return list(dict.fromkeys(checks))
+
+    @property
+    def measured_to_the_end(self) -> bool:
+        """Its figures are of a whole run: it passed, or it failed only tfmem's checks (a run cut
+        short by another exception, a skip or an interrupt says little about memory)."""
+        if self.measurement is None or (self.raised is not None and self.raised not in CHECK_BY_FAILURE):
+            return False
+        return self.outcome == "passed" or (self.outcome == "failed" and bool(self.failed_checks))
 
     def to_dict(self) -> dict[str, Any]:
         retained: dict[str, Any] = {}
@@ -77,6 +97,7 @@ class TestRecord:
             "gpu_budget": self.gpu_budget,
             "subtests": [subtest.to_dict() for subtest in self.subtests],
             "reruns": self.reruns,
+            "raised": self.raised,
             **retained,
         }
 
@@ -95,6 +116,7 @@ class TestRecord:
             subtests=[SubtestFigure.from_dict(subtest) for subtest in data.get("subtests", [])],
             reruns=data.get("reruns", 0),
             retained=Retained.from_dict(data["retained"]) if data.get("retained") else None,
+            raised=data.get("raised"),
         )
 
     def user_properties(self) -> list[tuple[str, object]]:

@@ -14,29 +14,37 @@ same line (a writer that finds the file not ending in a newline starts with one)
      "date": "2026-12-03T12:00:00+01:00", "dirty": false, "recorded": "2026-12-03T11:05:00+00:00",
      "environment": {...as in a baseline: python, platform, memory, tensorflow...},
      "sessions": ["<session id>", ...],
-     "tests": {"<node id>": [[<session index>, <peak>, <retained or null>, {<view>: <peak>}?], ...]}}
+     "tests": {"<node id>": [[<session index>, <peak>, <retained or null>, {<view>: <peak>}?], ...]},
+     "failed": {"<node id>": [[<session index>, "<the tfmem checks it failed>"], ...]}?}
 
-A pytest session writes one session and one sample per test (``RawSample``). Read back, lines are
-folded: those of one commit and one environment are one ``Entry`` (the tests of several shards
-together; a commit measured again gives its tests another sample; a session seen twice counts
-once, so ``tfmem merge`` of a file with itself changes nothing). Figures of another environment (Python,
-framework versions, platform, what is counted, GPUs) are another series, never compared.
+A pytest session writes one session and one sample per test (``RawSample``) whose figures were
+measured to the end: a test that passed, or one that failed a tfmem check (``failed`` says which,
+where any did: a reader that does not know the field reads the figures as before). Read back,
+lines are folded: those of one commit and one environment are one ``Entry`` (the tests of several
+shards together; a commit measured again gives its tests another sample; a session seen twice
+counts once, so ``tfmem merge`` of a file with itself changes nothing). Figures of another
+environment (Python, framework versions, platform, what is counted, GPUs) are another series,
+never compared.
+
+A line that cannot be read (cut short by a kill, not JSON, of another or a newer format version,
+a field missing or of the wrong type) costs only itself: readers skip it and name it, with its file
+and line and why (``HistoryRead.skipped``), and read the rest as if it were absent; no reader ever
+rewrites the file. A file that is missing, unreadable or holds no good line is a ``HistoryError``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from pytest_tfmem import platforms
-from pytest_tfmem.files import FileFormatError, Output, starts_with
+from pytest_tfmem.files import FileFormatError, Output
 from pytest_tfmem.gates.steps import Point
 
 FORMAT = "pytest-tfmem-history"
@@ -52,11 +60,22 @@ class HistoryError(FileFormatError):
     what = "history"
 
 
-# Every line starts so (``Entry.to_line`` writes the format first): a history is told by its
-# first bytes, whatever the length of its lines.
+# Every line starts so (``Entry.to_line`` writes the format first): a history is told by the first
+# bytes of one of its first lines, whatever the length of its lines, a bad first line and all.
 LINE_START = f'{{"format":"{FORMAT}"'
-is_history = starts_with(LINE_START)
-OUTPUT = Output("memory history", is_history)
+_LINE_START = LINE_START.encode()
+_LOOKED_AT = 2**16  # the bytes of a file read to tell a history
+OUTPUT = Output("memory history", lambda path: is_history(path))
+
+
+def is_history(path: Path) -> bool:
+    """A line among the file's first bytes (``_LOOKED_AT``) starts as a history's lines do."""
+    try:
+        with open(path, "rb") as stream:
+            head = stream.read(_LOOKED_AT)
+    except OSError:
+        return False
+    return head.startswith(_LINE_START) or b"\n" + _LINE_START in head
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,8 @@ def series_label(environment: dict[str, Any]) -> str:
 # turned into objects: a history of a thousand commits of two thousand tests has two million.
 RawSample = list[Any]
 PEAK, RETAINED, VIEWS = 1, 2, 3
+# One failing session's sample of a test: [session index, the tfmem checks it failed ("budget")].
+RawFailure = list[Any]
 
 
 @dataclass
@@ -131,6 +152,7 @@ class Entry:
     dirty: bool = False
     tests: dict[str, list[RawSample]] = field(default_factory=dict)
     sessions: list[str] = field(default_factory=list)
+    failed: dict[str, list[RawFailure]] = field(default_factory=dict)  # the samples of tests that failed a check
 
     @property
     def key(self) -> tuple[str, str]:
@@ -144,10 +166,11 @@ class Entry:
             if session not in index:
                 index[session] = moved[number] = len(self.sessions)
                 self.sessions.append(session)
-        for nodeid, samples in other.tests.items():
-            kept = [[moved[sample[0]], *sample[1:]] for sample in samples if sample[0] in moved]
-            if kept:
-                self.tests.setdefault(nodeid, []).extend(kept)
+        for mine, theirs in ((self.tests, other.tests), (self.failed, other.failed)):
+            for nodeid, samples in theirs.items():
+                kept = [[moved[sample[0]], *sample[1:]] for sample in samples if sample[0] in moved]
+                if kept:
+                    mine.setdefault(nodeid, []).extend(kept)
         self.recorded = max(self.recorded, other.recorded)
         self.dirty = self.dirty or other.dirty
 
@@ -158,18 +181,28 @@ class Entry:
             "environment": dict(sorted(self.environment.items())), "sessions": self.sessions,
             "tests": dict(sorted(self.tests.items())),
         }
+        if self.failed:
+            data["failed"] = dict(sorted(self.failed.items()))
         return json.dumps(data, separators=(",", ":")) + "\n"
+
+    def failures(self, nodeid: str) -> str:
+        """The tfmem checks a sample of the test at this commit failed (``budget, history``), or ``""``."""
+        checks = dict.fromkeys(str(failure[1]) for failure in self.failed.get(nodeid, ()))
+        return ", ".join(checks)
 
 
 def session_entry(commit: Commit, environment: dict[str, Any], session: str,
-                  figures: dict[str, tuple[int, int | None, dict[str, int]]]) -> Entry:
-    """This session's entry: ``figures`` maps each measured test to (peak, retained, views)."""
+                  figures: dict[str, tuple[int, int | None, dict[str, int]]],
+                  failed: dict[str, str] | None = None) -> Entry:
+    """This session's entry: ``figures`` maps each measured test to (peak, retained, views),
+    ``failed`` the tests among them that failed tfmem checks to those checks (``budget, leak``)."""
     return Entry(
         commit.commit, commit.parent, commit.branch, commit.date, environment,
         recorded=datetime.now(timezone.utc).isoformat(timespec="seconds"), dirty=commit.dirty,
         tests={nodeid: [[0, peak, retained, *([views] if views else [])]]
                for nodeid, (peak, retained, views) in figures.items()},
         sessions=[session],
+        failed={nodeid: [[0, checks]] for nodeid, checks in (failed or {}).items()},
     )
 
 
@@ -195,21 +228,20 @@ def append_entry(path: Path, entry: Entry) -> None:
             os.close(descriptor)
 
 
-def _entry(data: Any, path: Path, number: Callable[[], int]) -> Entry:
-    """One line's entry, its fields checked; ``HistoryError`` naming the file and the line
-    (``number()``: counted only then)."""
+class BadLine(Exception):
+    """A line of a history that cannot be read: why (the reader adds its file and line)."""
 
-    def problem(text: str) -> HistoryError:
-        return HistoryError(path, f"line {number()}: {text}")
 
+def _entry(data: Any) -> Entry:
+    """One line's entry, its fields checked; ``BadLine`` says why it cannot be read."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise problem(f'not a pytest-tfmem history line (expected a JSON object with "format": "{FORMAT}")')
+        raise BadLine(f'not a pytest-tfmem history line (expected a JSON object with "format": "{FORMAT}")')
     version = data.get("version")
     if version != VERSION:
-        newer = isinstance(version, int) and version > VERSION
-        upgrade = "; the line was written by a newer pytest-tfmem: upgrade to read it" if newer else ""
-        raise problem(f"history format version {version!r} is not supported (this pytest-tfmem reads version "
-                      f"{VERSION}{upgrade})")
+        if isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+            raise BadLine(f"written in history format version {version} by a newer pytest-tfmem (this one reads "
+                          f"version {VERSION}): upgrade to read it")
+        raise BadLine(f"history format version {version!r} is not one this pytest-tfmem reads (version {VERSION})")
     try:
         sessions = [str(session) for session in data["sessions"]]
         tests = data["tests"]
@@ -224,17 +256,24 @@ def _entry(data: Any, path: Path, number: Callable[[], int]) -> Entry:
         )
         if not well_formed:
             raise ValueError("a test's samples are not [session, peak, retained(, views)] of whole numbers")
+        failed = data.get("failed", {})
+        if not isinstance(failed, dict) or not all(
+            type(failures) is list and all(type(failure) is list and len(failure) == 2 for failure in failures)
+            for failures in failed.values()
+        ):
+            raise ValueError('"failed" is not {node id: [[session, checks], ...]}')
         return Entry(str(data["commit"]), data.get("parent"), data.get("branch"), str(data.get("date", "")),
                      dict(data["environment"]), str(data.get("recorded", "")), bool(data.get("dirty", False)),
-                     tests, sessions)
+                     tests, sessions, failed)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise problem(f"a field is missing or of the wrong type ({type(error).__name__}: {error})") from None
+        raise BadLine(f"a field is missing or of the wrong type ({type(error).__name__}: {error})") from None
 
 
-def read_lines(path: Path, last: int | None = None) -> Iterator[Entry]:
-    """Every line's entry (only the last ``last`` lines', where given: a gate looks back over a few
-    commits, whatever the history's length), in the file's order; ``HistoryError`` names the first
-    bad line (a line cut short by a kill included: nothing is skipped silently)."""
+def read_lines(path: Path, skipped: list[str], last: int | None = None) -> Iterator[Entry]:
+    """Every good line's entry (only the last ``last`` lines', where given: a gate looks back over
+    a few commits, whatever the history's length), in the file's order; each line that cannot be
+    read is added to ``skipped`` as ``PATH:LINE: why`` and read no further (a line cut short by a
+    kill says so). A missing or unreadable file is a ``HistoryError``."""
     try:
         stream = open(path, "rb")  # noqa: SIM115 - the lines are yielded from inside its block below
     except FileNotFoundError:
@@ -250,12 +289,17 @@ def read_lines(path: Path, last: int | None = None) -> Iterator[Entry]:
             if not line.strip():
                 continue
             try:
-                data = json.loads(line)
-            except ValueError as error:
-                cut = "" if line.endswith(b"\n") else " (cut short: the session that wrote it was killed?)"
-                number = _line_number(path, where)
-                raise HistoryError(path, f"line {number}: not valid JSON ({error}){cut}") from None
-            yield _entry(data, path, functools.partial(_line_number, path, where))
+                text = line.rstrip(b"\r\n")
+                try:
+                    data = json.loads(text)
+                except ValueError as error:
+                    # the start of a line of ours that is not JSON: a session writes a line whole, so this
+                    # one ends where the session writing it was killed
+                    cut = " (cut short: the session that wrote it was killed?)" if text.startswith(_LINE_START) else ""
+                    raise BadLine(f"not valid JSON ({error}){cut}") from None
+                yield _entry(data)
+            except BadLine as bad:
+                skipped.append(f"{path}:{_line_number(path, where)}: {bad}")
 
 
 def _start_of_last_lines(stream: BinaryIO, count: int, block: int = 2**20) -> int:
@@ -299,9 +343,25 @@ def fold(entries: Iterable[Entry]) -> list[Entry]:
     return sorted(folded.values(), key=lambda entry: (entry.date, entry.recorded))
 
 
-def read_history(*paths: Path, last: int | None = None) -> list[Entry]:
-    """The folded entries of one or more history files (of their last ``last`` lines, where given)."""
-    return fold(entry for path in paths for entry in read_lines(path, last))
+@dataclass(frozen=True)
+class HistoryRead:
+    """What one or more history files hold: their folded entries, and the lines skipped
+    (``PATH:LINE: why``, one each), which every reader names."""
+
+    entries: list[Entry]
+    skipped: list[str]
+
+
+def read_history(*paths: Path, last: int | None = None) -> HistoryRead:
+    """The folded entries of one or more history files (of their last ``last`` lines, where
+    given), and the lines skipped; ``HistoryError`` where a file is missing or unreadable, or no
+    file holds a good line."""
+    skipped: list[str] = []
+    entries = fold(entry for path in paths for entry in read_lines(path, skipped, last))
+    if not entries:
+        why = f": every line was skipped ({skipped[0]}{' ...' if len(skipped) > 1 else ''})" if skipped else ""
+        raise HistoryError(", ".join(map(str, paths)), f"holds no entry this pytest-tfmem can read{why}")
+    return HistoryRead(entries, skipped)
 
 
 @dataclass(frozen=True)
@@ -339,7 +399,7 @@ def series_of(group: list[Entry], nodeid: str, quantity: str = "peak") -> Series
         figures = (_figure(sample, quantity) for sample in entry.tests.get(nodeid, ()))
         values = tuple(value for value in figures if value is not None)
         if values:
-            points.append(Point(entry.commit, entry.parent, values, entry.date))
+            points.append(Point(entry.commit, entry.parent, values, entry.date, entry.failures(nodeid)))
     return Series(nodeid, group[-1].environment, tuple(points)) if points else None
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pytest_tfmem.files import Output, starts_with
 from pytest_tfmem.gates.history import Series, series_label
-from pytest_tfmem.gates.steps import Creep, Step, short, threshold
+from pytest_tfmem.gates.steps import Creep, Step, short
 from pytest_tfmem.gates.tolerance import Tolerance
 from pytest_tfmem.units import format_size
 
@@ -35,6 +35,7 @@ p.creep { margin: .2em 0; } ul.steps { margin: .2em 0; padding-left: 1.2em; }
 code { font: 12px ui-monospace, monospace; background: #f4f4f4; padding: 0 .2em; }
 svg .line { fill: none; stroke: #1f77b4; stroke-width: 1.5; }
 svg .point { fill: #1f77b4; } svg .point:hover { fill: #d62728; r: 5; }
+svg .point.failed { fill: #fff; stroke: #ff7f0e; stroke-width: 2; }
 svg .step { stroke: #d62728; stroke-dasharray: 4 3; } svg .axis { stroke: #999; }
 svg text { font: 10px sans-serif; fill: #555; }
 """
@@ -51,6 +52,10 @@ class Drawn:
     @property
     def creep_share(self) -> float:
         return (self.creep.share or 0.0) if self.creep is not None else 0.0
+
+    def crept(self, min_step: Tolerance) -> bool:
+        """It crept beyond ``min_step`` and its noise since its best level."""
+        return self.creep is not None and self.creep.notable(min_step)
 
 
 def sparkline(values: Sequence[float]) -> str:
@@ -96,8 +101,12 @@ def chart(drawn: Drawn) -> str:
         tip = f"{short(point.commit)} {point.date} {format_size(int(point.value))}"
         if len(point.samples) > 1:
             tip += f" (median of {len(point.samples)} runs)"
+        failed = ""
+        if point.failed:
+            tip += f", failed: {point.failed}"
+            failed = " failed"
         parts.append(
-            f'<circle class="point" data-commit="{point.commit}" data-bytes="{int(point.value)}" '
+            f'<circle class="point{failed}" data-commit="{point.commit}" data-bytes="{int(point.value)}" '
             f'cx="{x(index):.1f}" cy="{y(point.value):.1f}" r="3"><title>{html.escape(tip)}</title></circle>'
         )
     parts.append(f'<text x="{MARGIN}" y="{HEIGHT - 6}">{html.escape(short(points[0].commit))}</text>')
@@ -135,8 +144,7 @@ def markdown(groups: Sequence[Sequence[Drawn]], min_step: Tolerance) -> str:
     """A Markdown table per environment: each test that stepped or crept, its sparkline, its steps."""
     lines = ["### pytest-tfmem: memory history", ""]
     for drawn_tests in groups:
-        moved = [drawn for drawn in drawn_tests if drawn.steps or (
-            drawn.creep is not None and drawn.creep.change > threshold(drawn.creep.best, 0.0, min_step))]
+        moved = [drawn for drawn in drawn_tests if drawn.steps or drawn.crept(min_step)]
         if not drawn_tests:
             continue
         lines += [f"**{series_label(drawn_tests[0].series.environment)}**: {len(moved)} of {len(drawn_tests)} "

@@ -7,6 +7,7 @@ Markdown's sparklines, read the history once, for this session's environment onl
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Iterable
 
@@ -15,6 +16,7 @@ import pytest
 from pytest_tfmem.core import processes, settings
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.files import unwritten_path
 from pytest_tfmem.gates.baseline import compared_quantities
 from pytest_tfmem.gates.environment import current_environment
 from pytest_tfmem.gates.history import (
@@ -30,13 +32,14 @@ from pytest_tfmem.gates.history import (
     session_entry,
 )
 from pytest_tfmem.gates.history_page import sparkline
-from pytest_tfmem.gates.steps import Point, creep, short, steps, threshold
+from pytest_tfmem.gates.steps import Point, creep, creep_since_last_step, short, steps
 from pytest_tfmem.gates.tolerance import TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import format_size
 
 HISTORY = settings.Option(
     "history",
-    "append this session's figures (each passed test's peak, retained and GPU views) to this memory "
+    "append this session's figures (the peak, retained and GPU views of each test measured to its end: "
+    "passed, or failed a tfmem check) to this memory "
     "history: one line per session, keyed by its git commit and environment; `tfmem history PATH` "
     "names the steps and the creep",
     settings.parse_path,
@@ -88,16 +91,22 @@ class MemoryHistory:
 
     @functools.cached_property
     def past(self) -> dict[str, Series]:
-        """Each test's series in this session's environment, as the file holds it (read once)."""
+        """Each test's series in this session's environment, as the file holds it (read once): the
+        good lines of the window (each line skipped is said once, at the end); nothing where the
+        file is missing, and nothing, said once, where it cannot be read at all."""
         if self.path is None or not self.path.exists():
             return {}
         try:  # the window's commits only (a commit may have a line for each shard): the file's length costs nothing
-            entries = read_history(self.path, last=self.window * LINES_PER_COMMIT)
+            read = read_history(self.path, last=self.window * LINES_PER_COMMIT)
         except HistoryError as error:
-            raise pytest.UsageError(f"pytest-tfmem: {error}") from None
+            if self.gate is not None:
+                self.outcome_lines.append((f"history gate: not applied, no test held to the history: {error}",
+                                           {"yellow": True}))
+            return {}
+        self.outcome_lines += [(f"history: line skipped: {line}", {"yellow": True}) for line in read.skipped]
         here = series_key(current_environment())
         found: dict[str, Series] = {}
-        for nodeid, per_environment in series(entries).items():
+        for nodeid, per_environment in series(read.entries).items():
             for one in per_environment:
                 if series_key(one.environment) == here:
                     found[nodeid] = Series(nodeid, one.environment, one.points[-self.window :])
@@ -108,7 +117,8 @@ class MemoryHistory:
 
     @pytest.hookimpl
     def pytest_tfmem_check(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
-        """``--tfmem-history-gate``: the test's peak against its best level in the history."""
+        """``--tfmem-history-gate``: the test's peak against its best level in the history since its
+        last step (``steps.creep_since_last_step``), beyond the tolerance and the series' noise."""
         if self.gate is None or record.measurement is None:
             return None
         past = self.past.get(record.nodeid)
@@ -116,14 +126,16 @@ class MemoryHistory:
             return None
         assert self.commit is not None
         points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
-        found = creep(points)
+        found = creep_since_last_step(points, MIN_STEP)
         if found is None:
             return None
-        allowance = self.gate.allowance(int(found.best))
+        allowance = found.allowance(self.gate)
+        noisy = allowance > self.gate.allowance(int(found.best))
+        limit = f"{self.gate} and its noise, {format_size(int(allowance))} in all" if noisy else str(self.gate)
         message = (
             f"peak {format_size(record.measurement.peak)} vs its best level in the memory history, "
             f"{format_size(int(found.best))} at {short(found.best_commit)} {found.commits} commit(s) ago "
-            f"({found.share or 0:+.1%}, {'>' if found.change > allowance else '<='} {self.gate})"
+            f"({found.share or 0:+.1%}, {'>' if found.change > allowance else '<='} {limit})"
         )
         if found.rises:
             rises = ", ".join(f"{short(commit)} (+{share:.1%})" for commit, _, share in found.rises[:3])
@@ -131,31 +143,49 @@ class MemoryHistory:
         return Verdict(CHECK, found.change <= allowance, message)
 
     def record(self, session: pytest.Session, records: Iterable[TestRecord], *, finished: bool) -> None:
-        """Append this session's line: each passed test's figures (a failing run says little);
-        nothing for a run that did not finish."""
+        """Append this session's line: every test measured to its end (``measured_to_the_end``:
+        passed, or failed tfmem's checks, which the line names); nothing for a run that did not finish."""
         assert self.path is not None and self.commit is not None
         if not finished:
             self.outcome_lines.append((f"history: nothing added to {self.path}: the run did not finish",
                                        {"yellow": True}))
             return
-        figures = {}
+        figures, failed, cut_short = {}, {}, collections.Counter[str]()
         for record in records:
-            if record.measurement is None or record.outcome != "passed":
+            if record.measurement is None:
+                continue
+            if not record.measured_to_the_end:
+                raised = f"{record.raised or 'an exception'} raised"
+                cut_short["skipped" if record.outcome == "skipped" else raised] += 1
                 continue
             quantities = compared_quantities(record.measurement)
             retained = record.retained.bytes if record.retained is not None else None
             figures[record.nodeid] = (quantities.pop("peak"), retained, quantities)
-        entry = session_entry(self.commit, current_environment(), processes.session(self.config).id, figures)
+            if record.outcome == "failed":
+                failed[record.nodeid] = ", ".join(record.failed_checks)
+        entry = session_entry(self.commit, current_environment(), processes.session(self.config).id, figures, failed)
         try:
             append_entry(self.path, entry)
         except (OSError, HistoryError) as error:
-            self.outcome_lines.append((f"could not add to the memory history {self.path}: {error}", {"red": True}))
+            message = f"could not add to the memory history {self.path}: {error}"
+            try:  # the session's figures are never lost
+                instead = unwritten_path(self.config.rootpath, self.path)
+                append_entry(instead, entry)
+                message += f"; added to {instead} instead (tfmem merge folds it into the history)"
+            except (OSError, HistoryError) as second:
+                message += f"; nor to .tfmem/unwritten/ ({second})"
+            self.outcome_lines.append((message, {"red": True}))
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
             return
         dirty = " (uncommitted changes)" if self.commit.dirty else ""
-        self.outcome_lines.append((f"history: {len(figures)} test(s) of commit {short(self.commit.commit)}{dirty} "
-                                   f"added to {self.path}", {}))
+        failing = f" ({len(failed)} failing a tfmem check)" if failed else ""
+        line = f"history: {len(figures)} test(s) of commit {short(self.commit.commit)}{dirty}{failing} added to "
+        line += str(self.path)
+        if cut_short:
+            why = ", ".join(f"{count} {reason}" for reason, count in sorted(cut_short.items()))
+            line += f"; {sum(cut_short.values())} left out, their runs cut short ({why})"
+        self.outcome_lines.append((line, {}))
 
     def markdown_lines(self, records: Iterable[TestRecord]) -> list[str]:
         """Rows for the Markdown summary: each test whose figure now moved from its level before, or
@@ -168,8 +198,8 @@ class MemoryHistory:
             if record.measurement is None or past is None:
                 continue
             points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
-            found = creep(points)
-            moved = found is not None and found.change > threshold(found.best, 0.0, MIN_STEP)
+            found = creep(points, min_step=MIN_STEP)
+            moved = found is not None and found.notable(MIN_STEP)
             if not moved and not steps(points[-3:], MIN_STEP):
                 continue
             drawn = sparkline([point.value for point in points[-SPARK_POINTS:]])

@@ -11,7 +11,9 @@ measured noise.
   where commits between it and the point before were not measured (the point's parent is not the
   commit before it), by the range, for ``git bisect``.
 - **Creep** is the latest level against the best (lowest) level of the window, whatever the steps:
-  ten commits that each add 4% are no step, and the figure still needs 48% more.
+  ten commits that each add 4% are no step, and the figure still needs 48% more. One commit that
+  read lower than both its neighbours (a blip, an order the test ran in) is no best level to
+  measure the rest against, and creep counts only where it exceeds the noise too.
 
 asv's ``step_detect`` fits a piecewise-constant function with a penalty; here the series are short
 and the noise is measured, so a step is a jump between neighbours that the next point confirms and
@@ -47,6 +49,7 @@ class Point:
     parent: str | None
     samples: tuple[int, ...]
     date: str = ""  # the commit's date (ISO 8601), for people
+    failed: str = ""  # the tfmem checks a sample failed at this commit (``budget, history``), for people
 
     @functools.cached_property  # read at every comparison
     def value(self) -> float:
@@ -111,7 +114,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Creep:
-    """The latest level against the best (lowest) level of the window."""
+    """The latest level against the best (lowest) level of the window; ``noise`` is the series'
+    measured noise (``noise``), which a change must exceed to count."""
 
     best: float
     best_commit: str
@@ -121,6 +125,7 @@ class Creep:
     # the rises between consecutive points since the best level: (commit, bytes, share of the
     # point before), largest share first
     rises: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
+    noise: float = 0.0
 
     @property
     def change(self) -> float:
@@ -130,15 +135,30 @@ class Creep:
     def share(self) -> float | None:
         return None if self.best <= 0 else self.change / self.best
 
+    def allowance(self, tolerance: Tolerance) -> float:
+        """How far the latest may lie above the best and still count as unchanged: ``tolerance`` of
+        the best level, and never less than the noise (``threshold``)."""
+        return threshold(self.best, self.noise, tolerance)
+
+    def notable(self, tolerance: Tolerance) -> bool:
+        return self.change > self.allowance(tolerance)
+
     def describe(self) -> str:
         """``+62.0% over 14 commits (200.0 MiB at 1a2b3c4 -> 324.0 MiB), no single rise above 8.0%
-        (at 5e6f7a8)``."""
+        (at 5e6f7a8)``; where one rise was larger than the whole change (the figure came down
+        after it), ``the largest rise +30.0% (at 5e6f7a8), partly undone since``."""
         share = self.share
         amount = f"{share:+.1%}" if share is not None else format_size(int(self.change), signed=True)
-        steps = f", no single rise above {self.rises[0][2]:.1%} (at {short(self.rises[0][0])})" if self.rises else ""
+        rises = ""
+        if self.rises:
+            commit, size, rise_share = self.rises[0]
+            if size > self.change:
+                rises = f", the largest rise {rise_share:+.1%} (at {short(commit)}), partly undone since"
+            else:
+                rises = f", no single rise above {rise_share:.1%} (at {short(commit)})"
         return (
             f"{amount} over {self.commits} commits ({format_size(int(self.best))} at {short(self.best_commit)} -> "
-            f"{format_size(int(self.latest))} at {short(self.latest_commit)}){steps}"
+            f"{format_size(int(self.latest))} at {short(self.latest_commit)}){rises}"
         )
 
 
@@ -221,13 +241,30 @@ def _level(points: Sequence[Point], first: int, last: int) -> float:
     return float(statistics.median(point.value for point in points[first : last + 1]))
 
 
-def creep(points: Sequence[Point], window: int | None = None) -> Creep | None:
-    """The latest point against the lowest of the last ``window`` points (all of them without one);
-    ``None`` for fewer than two points."""
+def low_blips(points: Sequence[Point], min_step: Tolerance) -> set[int]:
+    """The points that read lower than each of their neighbours by more than the threshold at the
+    neighbour's level (``threshold``, with the series' noise): one commit that read low (an order
+    the test ran in, a blip) is no best level to measure the others against."""
+    values = [point.value for point in points]
+    spread = noise(points)
+    found = set()
+    for index, value in enumerate(values):
+        neighbours = values[max(0, index - 1): index] + values[index + 1: index + 2]
+        if neighbours and all(other - value > threshold(other, spread, min_step) for other in neighbours):
+            found.add(index)
+    return found
+
+
+def creep(points: Sequence[Point], window: int | None = None, min_step: Tolerance | None = None) -> Creep | None:
+    """The latest point against the lowest of the last ``window`` points (all of them without one),
+    a low blip left out (``low_blips``, where ``min_step`` is given); ``None`` for fewer than two
+    points."""
     shown = list(points[-window:]) if window else list(points)
     if len(shown) < 2:
         return None
-    best_index = min(range(len(shown)), key=lambda i: (shown[i].value, -i))
+    blips = low_blips(shown[:-1], min_step) if min_step is not None else set()
+    candidates = [i for i in range(len(shown) - 1) if i not in blips] or list(range(len(shown) - 1))
+    best_index = min(candidates, key=lambda i: (shown[i].value, -i))
     since = shown[best_index:]
     rises = [(b.commit, b.value - a.value, (b.value - a.value) / a.value if a.value > 0 else 0.0)
              for a, b in zip(since, since[1:]) if b.value > a.value]
@@ -239,4 +276,15 @@ def creep(points: Sequence[Point], window: int | None = None) -> Creep | None:
         latest_commit=shown[-1].commit,
         commits=len(shown) - 1 - best_index,
         rises=tuple(rises),
+        noise=noise(shown),
     )
+
+
+def creep_since_last_step(points: Sequence[Point], min_step: Tolerance, window: int | None = None) -> Creep | None:
+    """``creep`` over the points since the last step (``steps``, the latest point included: it may
+    be what confirms a step at the point before): a level that held for two commits is the test's
+    level from then on, so a test meant to grow fails a gate on this once, at the commit that made
+    it grow; a creep no step explains counts from the best level."""
+    shown = list(points[-window:]) if window else list(points)
+    found = steps(shown, min_step)
+    return creep(shown[found[-1].index:] if found else shown, min_step=min_step)
