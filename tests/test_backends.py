@@ -356,5 +356,8 @@ def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_f
             peaks.setdefault(test, {})[name] = run.peak(test)
     for test, figures in peaks.items():
         print(test, {order: round(figure / MIB, 1) for order, figure in figures.items()})
-        low, high = min(figures.values()), max(figures.values())
-        assert high - low <= max(10 * MIB, 0.1 * high), (test, figures)
+        # In process, Keras's first use on PyTorch (a first fit: about 10 MiB) is paid before the
+        # first test; an isolated test's process pays it in its test (docs/measurement.md).
+        in_process = [figure for order, figure in figures.items() if order != "isolated"]
+        assert max(in_process) - min(in_process) <= max(2 * MIB, 0.1 * max(in_process)), (test, figures)
+        assert figures["isolated"] <= max(in_process) + 16 * MIB, (test, figures)

@@ -150,7 +150,8 @@ def test_a_test_that_imports_keras_itself_pays_no_first_use(pytester):
     pytester.makepyfile(TWO_FITS.replace("import keras\n", "").replace("def fit():\n", "def fit():\n    import keras\n"))
     measured = peaks(run_report(pytester))
     first, second = measured["test_first_fit"], measured["test_second_fit"]
-    assert first <= second + max(2 * MIB, 0.10 * second), measured
+    # paid: Keras's first use is about 18 MiB here; a loaded machine moves a small fit by 2-3 MiB
+    assert first <= second + 4 * MIB, measured
 
 
 def test_a_session_without_a_framework_warms_up_nothing(pytester):

@@ -313,16 +313,25 @@ class TfmemManager:
 
     def first_uses_due(self, finishing: str = "") -> list[FirstUse]:
         """The first uses to warm up now (``--tfmem-first-use-warmup``): of each framework whose
-        runtime tfmem started, and Keras's on one of them, each once a session (``finishing``:
-        the module whose first import is ending, as ``frameworks.first_uses`` reads it)."""
+        runtime tfmem started, and Keras's on one of them, each once a process that runs the
+        session's tests one after the other (not an isolated test's: its figure is the test's in a
+        process of its own, and each would pay it again) (``finishing``: the module whose first
+        import is ending, as ``frameworks.first_uses`` reads it)."""
         settings = self.settings
         state = (len(sys.modules), len(self._prepared))
         if not (settings.first_use_warmup and settings.tf_warmup) or state == self._nothing_to_warm:
+            return []
+        if not processes.keeps_books(self.config):  # an isolated test's process: its test is its first
+            self._nothing_to_warm = state
             return []
         due = [use for use in frameworks.first_uses(self._prepared, finishing) if use.name not in self._warmed]
         if not due and not finishing:
             self._nothing_to_warm = state
         return due
+
+    def warmed(self, name: str) -> bool:
+        """The first use of ``name`` (``Keras``, ``TensorFlow``) was paid in this process."""
+        return name in self._warmed
 
     def warm_up(self, first_use: FirstUse) -> None:
         """Pay ``first_use`` now, once a session (``frameworks.warm_up``)."""

@@ -212,9 +212,9 @@ TF_WARMUP = Option(
 FIRST_USE_WARMUP = Option(
     "first_use_warmup",
     "before the first measured test, pay each framework's first use once its runtime started (a tiny "
-    "Keras fit, evaluate and predict with Adam and SGD, conv, LSTM and embedding kernels, a tf.data "
-    "pipeline, a traced function, a gradient), so whichever test runs first is not charged for it; "
-    "booked in the session's account (default true; needs tfmem_tf_warmup)",
+    "Keras fit with Adam and SGD, predict, conv and embedding kernels, a tf.data pipeline, a traced "
+    "function, a gradient), so whichever test runs first is not charged for it; booked in the "
+    "session's account (default true; needs tfmem_tf_warmup)",
     parse_bool,
     True,
 )

@@ -235,13 +235,18 @@ def first_uses(started: Collection[str], finishing: str = "") -> list[FirstUse]:
     """What to warm up of the frameworks whose runtime tfmem started (``started``: their modules):
     each one's own first use, and Keras 3's where it is loaded (``finishing``: as
     ``keras_first_use.loaded_keras`` reads it) and runs on one of them."""
-    found = [FirstUse(framework.name, framework.warm_up) for framework in KNOWN if framework.module in started]
     keras = keras_first_use.loaded_keras(finishing)
     numpy = imported("numpy")
+    runs_on = None
     if keras is not None and numpy is not None:
         runs_on = next((f for f in KNOWN if f.keras_backend == keras_first_use.backend(keras)), None)
-        if runs_on is not None and runs_on.module in started:
-            found.append(FirstUse(keras_first_use.NAME, functools.partial(keras_first_use.warm_up, keras, numpy.zeros)))
+    keras_warmed = runs_on is not None and runs_on.module in started
+    found = [
+        FirstUse(framework.name, framework.warm_up) for framework in KNOWN
+        if framework.module in started and not (keras_warmed and framework is runs_on and framework.first_use_in_keras)
+    ]
+    if keras_warmed and keras is not None and numpy is not None:
+        found.append(FirstUse(keras_first_use.NAME, functools.partial(keras_first_use.warm_up, keras, numpy.zeros)))
     return found
 
 

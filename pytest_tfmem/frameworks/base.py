@@ -90,6 +90,9 @@ class Framework(Protocol):
     clear_cost: str
     # how to stream a dataset in batches with it, for advice: "tf.data"
     data_pipeline: str
+    # Keras's first use on it pays its own first use too (a fit compiles a loss and its gradient):
+    # where Keras runs on it, its own warm-up is left out
+    first_use_in_keras: bool
 
     def loaded(self) -> bool:
         """User code imported it (fully). Imports nothing."""

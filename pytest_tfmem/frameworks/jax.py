@@ -71,6 +71,7 @@ class Jax:
     gpu_environment = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     clear_cost = "each function JAX compiled is compiled again at its next call"
     data_pipeline = "a keras.utils.PyDataset or tf.data"
+    first_use_in_keras = True
 
     def loaded(self) -> bool:
         jax = imported(MODULE)

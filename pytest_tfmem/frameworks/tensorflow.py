@@ -128,6 +128,7 @@ class TensorFlow:
     gpu_environment = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
     clear_cost = ""  # the default graph is rebuilt as tests need it
     data_pipeline = "tf.data"
+    first_use_in_keras = False  # a fit pays no tf.data pipeline of its own
 
     def loaded(self) -> bool:
         return loaded_tensorflow() is not None

@@ -57,6 +57,7 @@ class Torch:
     gpu_environment: dict[str, str] = {}  # its caching allocator takes memory as needed
     clear_cost = "the next CUDA allocations ask the driver again (slower than from the cache)"
     data_pipeline = "a torch.utils.data.DataLoader or keras.utils.PyDataset"
+    first_use_in_keras = False  # a fit pays no LSTM kernel
 
     def __init__(self) -> None:
         self._started = False
