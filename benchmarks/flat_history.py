@@ -9,7 +9,8 @@ TensorFlow) and ``test_batch.py`` (a test that holds one batch of data, 40 MiB) 
 docs suggest (``--tfmem-history-gate=25%``). Then the batch grows by half (a real +50% step in one
 test) and two more commits are measured the same way. Printed: what ``tfmem history`` names over
 the flat commits and over them all, and each session's gate verdicts. ``--keep`` copies the
-history written (``tests/data/flat-history.jsonl`` is one, which ``tests/test_history.py`` reads).
+history written (``tests/data/flat-history.jsonl`` is one, which ``tests/test_history_robust.py``
+reads: the gate and the steps on real figures of unchanged code).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flat_lines = history_lines(flat)
         all_lines = history_lines(history)
         if args.keep is not None:
-            shutil.copy(flat, args.keep)
+            shutil.copy(history, args.keep)
     minutes = (time.perf_counter() - started) / 60
     lines = [
         machine.written_by("benchmarks/flat_history.py", argv) + f"; took {minutes:.1f} min.",

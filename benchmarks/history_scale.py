@@ -23,11 +23,11 @@ from pathlib import Path
 from benchmarks import machine
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.steps import creep, steps
-from pytest_tfmem.gates.tolerance import parse_tolerance
+from pytest_tfmem.gates.tolerance import DEFAULT_MIN_STEP, parse_tolerance
 from pytest_tfmem.units import format_size
 
 MIB = 2**20
-MIN_STEP = parse_tolerance("5%+1MB")
+MIN_STEP = parse_tolerance(DEFAULT_MIN_STEP)
 ENVIRONMENT = {"python": "3.11", "platform": "Linux x86_64", "memory": "RSS", "peaks": "exact", "tensorflow": "2.21.0"}
 
 

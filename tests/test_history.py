@@ -198,7 +198,7 @@ def test_tfmem_history_names_the_step_its_range_and_the_creep_and_nothing_else(r
     assert float(found[1]) == pytest.approx(100 * (1.04**11 - 1), abs=2) and float(found[2]) == pytest.approx(30, abs=0.5)
     assert "no single rise above" in ramp
     assert "test_blip" not in out and "test_flat" not in out  # a blip, and noise, are no steps
-    assert "  2 test(s) without a step or creep beyond 5%+1MB" in out
+    assert "  2 test(s) without a step or creep beyond 5%+4MB" in out
 
 
 def test_the_same_commit_measured_again_is_a_second_sample_not_a_second_entry(repository: Repository):

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from pytest_tfmem.gates import history
+from pytest_tfmem.gates.history_plugin import MIN_STEP
+from pytest_tfmem.gates.steps import creep, gate, steps
+from pytest_tfmem.gates.tolerance import parse_tolerance
 
 pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
 
@@ -210,3 +213,36 @@ def test_the_gate_never_breaks_a_session_whatever_the_history_holds(repository: 
     bad_value = repository.session("--tfmem-history-gate=25")
     assert bad_value.returncode == pytest.ExitCode.USAGE_ERROR
     assert "invalid --tfmem-history-gate value '25'" in bad_value.stderr
+
+
+FLAT = Path(__file__).parent / "data" / "flat-history.jsonl"  # python -m benchmarks.flat_history --keep ...
+FLAT_COMMITS = 10  # unchanged code; then the batch test grows by half in two more commits
+
+
+def test_over_unchanged_code_shuffled_at_every_commit_nothing_moves_and_the_suggested_gate_passes():
+    """Real figures: ten commits of small Keras tests, each in its own random order."""
+    found = history.series(history.read_history(FLAT).entries)
+    gate = parse_tolerance("25%")  # what docs/history.md suggests
+    assert len(found) == 10
+    for nodeid, (one,) in found.items():
+        flat = one.points[:FLAT_COMMITS]
+        assert steps(flat, MIN_STEP) == [], nodeid
+        crept = creep(flat, min_step=MIN_STEP)
+        assert crept is not None and not crept.notable(MIN_STEP), (nodeid, crept.describe())
+        for commit in range(2, FLAT_COMMITS + 1):
+            assert not gated(flat[:commit], gate), (nodeid, commit)
+
+
+def test_a_real_step_in_one_test_is_named_at_its_commit_and_fails_the_gate_once():
+    (batch,) = history.series(history.read_history(FLAT).entries)["test_batch.py::test_batch"]
+    (step,) = steps(batch.points, MIN_STEP)
+    assert step.commit == batch.points[FLAT_COMMITS].commit and 0.45 < (step.change_share or 0) < 0.55
+    gate = parse_tolerance("25%")
+    assert gated(batch.points[: FLAT_COMMITS + 1], gate)  # the commit that grew it
+    assert not gated(batch.points[: FLAT_COMMITS + 2], gate)  # the next: its level now
+
+
+def gated(points: list, tolerance) -> bool:
+    """The history gate's verdict on the last point."""
+    found = gate(points, tolerance, MIN_STEP)
+    return found is not None and found[0].change > found[1]

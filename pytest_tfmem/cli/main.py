@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.files import IMAGE, FileFormatError, Output, overwrite_refusal, prepare_output
-from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
+from pytest_tfmem.gates.tolerance import (
+    DEFAULT_MIN_STEP,
+    DEFAULT_TOLERANCE,
+    TOLERANCE_FORMS,
+    Tolerance,
+    parse_tolerance,
+)
 from pytest_tfmem.units import SIZE_FORMS, parse_size
 
 if TYPE_CHECKING:
@@ -561,9 +567,9 @@ COMMANDS = [
             argument("--html", metavar="PAGE", help="also write a self-contained HTML page, a chart per test"),
             argument("--markdown", action="store_true", help="print Markdown (a sparkline per test that moved)"),
             argument("--min-step", type=_option_type(parse_tolerance, "--min-step value"),
-                     default=parse_tolerance("5%+1MB"),
+                     default=parse_tolerance(DEFAULT_MIN_STEP),
                      help="the smallest change that is a step or creep, beyond the measured noise: "
-                          f"{TOLERANCE_FORMS} (default 5%+1MB)".replace("%", "%%")),
+                          f"{TOLERANCE_FORMS} (default {DEFAULT_MIN_STEP})".replace("%", "%%")),
             argument("--window", type=_TOP, help="only the last N commits of each series (default all)"),
             argument("--quantity", default="peak",
                      help="the figure: peak (default), retained, or a GPU view's name (tf:GPU:0)"),

@@ -32,8 +32,8 @@ from pytest_tfmem.gates.history import (
     session_entry,
 )
 from pytest_tfmem.gates.history_page import sparkline
-from pytest_tfmem.gates.steps import Point, creep, creep_since_last_step, short, steps
-from pytest_tfmem.gates.tolerance import TOLERANCE_FORMS, Tolerance, parse_tolerance
+from pytest_tfmem.gates.steps import Point, creep, gate, short, steps
+from pytest_tfmem.gates.tolerance import DEFAULT_MIN_STEP, TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import format_size
 
 HISTORY = settings.Option(
@@ -46,8 +46,8 @@ HISTORY = settings.Option(
 )
 HISTORY_GATE = settings.Option(
     "history_gate",
-    "fail a test whose peak exceeds its best level in --tfmem-history by more than TOL "
-    f"({TOLERANCE_FORMS}); off by default",
+    "fail a test whose peak exceeds its best level in --tfmem-history (since its last step) by more "
+    f"than TOL ({TOLERANCE_FORMS}), and by more than the series' noise and {DEFAULT_MIN_STEP}; off by default",
     parse_tolerance,
 )
 HISTORY_WINDOW = settings.Option(
@@ -60,7 +60,7 @@ OPTIONS = [HISTORY, HISTORY_GATE, HISTORY_WINDOW]
 CHECK = "history"
 # A test moved, in the Markdown's history rows, when its figure now is this far from the level
 # before (beyond the environment's noise too): the steps' own threshold (``tfmem history --min-step``).
-MIN_STEP = parse_tolerance("5%+1MB")
+MIN_STEP = parse_tolerance(DEFAULT_MIN_STEP)
 SPARK_POINTS = 20
 # Lines read back per commit of the window: a commit measured by several shards, or again, has more.
 LINES_PER_COMMIT = 4
@@ -126,12 +126,13 @@ class MemoryHistory:
             return None
         assert self.commit is not None
         points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
-        found = creep_since_last_step(points, MIN_STEP)
-        if found is None:
+        gated = gate(points, self.gate, MIN_STEP)
+        if gated is None:
             return None
-        allowance = found.allowance(self.gate)
+        found, allowance = gated
         noisy = allowance > self.gate.allowance(int(found.best))
-        limit = f"{self.gate} and its noise, {format_size(int(allowance))} in all" if noisy else str(self.gate)
+        limit = f"{self.gate}, and at least {format_size(int(allowance))} (the series' noise, {MIN_STEP})" if noisy \
+            else str(self.gate)
         message = (
             f"peak {format_size(record.measurement.peak)} vs its best level in the memory history, "
             f"{format_size(int(found.best))} at {short(found.best_commit)} {found.commits} commit(s) ago "

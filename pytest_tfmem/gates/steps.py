@@ -183,7 +183,7 @@ def noise(points: Sequence[Point]) -> float:
 
 def threshold(level: float, spread: float, min_step: Tolerance) -> float:
     """The smallest change that counts at ``level``: ``NOISE_FACTOR`` times the noise, and at
-    least ``min_step`` of the level (``5%+1MB``)."""
+    least ``min_step`` of the level (``tolerance.DEFAULT_MIN_STEP``)."""
     return max(NOISE_FACTOR * spread, min_step.allowance(int(level)))
 
 
@@ -288,3 +288,13 @@ def creep_since_last_step(points: Sequence[Point], min_step: Tolerance, window: 
     shown = list(points[-window:]) if window else list(points)
     found = steps(shown, min_step)
     return creep(shown[found[-1].index:] if found else shown, min_step=min_step)
+
+
+def gate(points: Sequence[Point], tolerance: Tolerance, min_step: Tolerance) -> tuple[Creep, float] | None:
+    """The history gate on the last of ``points`` (the figure now): its creep since the last step
+    (``creep_since_last_step``) and what it may be, ``tolerance`` of the best level but never less
+    than a step (the series' noise, ``min_step``); it fails where the creep's change is larger."""
+    found = creep_since_last_step(points, min_step)
+    if found is None:
+        return None
+    return found, max(found.allowance(tolerance), found.allowance(min_step))

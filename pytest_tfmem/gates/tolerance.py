@@ -18,6 +18,10 @@ TOLERANCE_FORMS = (
     "('10%+16MB': 10% of the baseline plus 16 MB); '0%' allows no change"
 )
 DEFAULT_TOLERANCE = "10%+16MB"
+# The smallest change across a memory history that counts as a step or creep (``tfmem history
+# --min-step``), and the least a history gate allows: small Keras tests still move by 2-3 MiB with
+# the order they run in (docs/measurement.md, "Order"), so a change needs 4 MB and 5% of the level.
+DEFAULT_MIN_STEP = "5%+4MB"
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*%$")
 _NUMBER = re.compile(r"^[\d.]+$")  # no unit: ambiguous
 
