@@ -1,7 +1,9 @@
 """Parse and format memory sizes.
 
 ``MB``/``GB`` are decimal (10**6, 10**9), ``MiB``/``GiB`` binary (2**20, 2**30), as in
-the SI/IEC convention; output always carries its unit.
+the SI/IEC convention; output always carries its unit. A size the user wrote remembers how
+(``Size``), so that a message quoting a limit shows it as written beside its binary value:
+``budget 400MB (381.5 MiB)``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+_DECIMAL_UNITS = ("kb", "mb", "gb", "tb")  # written so, a limit is shown beside its binary value
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([a-zA-Z]*)\s*$")
 
 SIZE_FORMS = (
@@ -28,8 +31,20 @@ SIZE_FORMS = (
 )
 
 
+class Size(int):
+    """A number of bytes that remembers how it was written (``400MB``; ``""`` for a number)."""
+
+    written: str
+
+    def __new__(cls, value: int, written: str = "") -> Size:
+        size = super().__new__(cls, value)
+        size.written = written
+        return size
+
+
 def parse_size(value: object, *, what: str = "size") -> int:
-    """Return ``value`` in bytes; raise ``ValueError`` naming the value and the accepted forms."""
+    """Return ``value`` in bytes (a ``Size`` that remembers a text as it was written); raise
+    ``ValueError`` naming the value and the accepted forms."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"invalid {what} {value!r} ({type(value).__name__}): expected {SIZE_FORMS}")
     if isinstance(value, (int, float)):
@@ -40,7 +55,7 @@ def parse_size(value: object, *, what: str = "size") -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ValueError(f"invalid {what} {value!r}: expected {SIZE_FORMS}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    return Size(int(float(match.group(1)) * _UNITS[unit]), value.strip())
 
 
 def format_size(nbytes: float | None, *, signed: bool = False) -> str:
@@ -53,3 +68,12 @@ def format_size(nbytes: float | None, *, signed: bool = False) -> str:
         if size >= factor:
             return f"{sign}{size / factor:.1f} {unit}"
     return f"{sign}{size:.0f} B"
+
+
+def format_limit(limit: int) -> str:
+    """A limit written in decimal units as the user wrote it beside its binary value,
+    ``400MB (381.5 MiB)``; ``format_size`` of any other."""
+    shown = format_size(limit)
+    match = _SIZE.match(getattr(limit, "written", ""))
+    decimal = match is not None and match.group(2).lower() in _DECIMAL_UNITS
+    return f"{match.group(0).strip()} ({shown})" if match is not None and decimal else shown

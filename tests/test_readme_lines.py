@@ -60,13 +60,13 @@ OVER_BUDGET = """
 import pytest
 import tensorflow as tf
 
-@pytest.mark.tfmem(budget="20MB")
+@pytest.mark.tfmem(budget="512MB")  # as the README's example marks its test
 def test_fit():
     try:
         tf.config.experimental.get_memory_info("CPU:0")
     except Exception:  # this build's CPU allocator keeps no statistics: no TF CPU view
         open("no-cpu-allocator-stats", "w").close()
-    weights = tf.ones((64 * 2**20 // 4,))  # 64 MiB through TensorFlow's CPU allocator
+    weights = tf.ones((560 * 2**20 // 4,))  # 560 MiB through TensorFlow's CPU allocator
     assert float(tf.reduce_sum(weights + 1.0)) > 0
 """
 
@@ -144,7 +144,7 @@ def _bytes(text: str) -> int:
 
 @pytest.mark.parametrize("line", readme_failed_lines())
 def test_the_numbers_in_the_readme_line_agree(line: str):
-    budget = re.search(rf"peak ({SIZE}) > budget ({SIZE}) \((.*)\)$", line)
+    budget = re.search(rf"peak ({SIZE}) > budget [\d.]+ ?[kKMGT]?B \(({SIZE})\) \((.*)\)$", line)
     if budget:  # the peak is the larger of the host RSS and TF CPU allocator views, above the budget
         views = [_bytes(size) for size in re.findall(rf"(?:host RSS|TF CPU:\d+ allocator) ({SIZE})", budget[3])]
         assert _bytes(budget[1]) == max(views) and _bytes(budget[1]) > _bytes(budget[2])

@@ -249,7 +249,7 @@ def test_budget_passed_exits_1_with_a_verdict(tmp_path: Path):
     (tmp_path / "grow.py").write_text(GROW)
     done = tfmem_run(tmp_path, "--budget", "100MB", "grow.py", "15")
     assert done.returncode == 1, done.stderr
-    assert "  over budget: peak " in done.stderr and " > --budget=95.4 MiB" in done.stderr
+    assert "  over budget: peak " in done.stderr and " > --budget=100MB (95.4 MiB)" in done.stderr
 
 
 FILE_NVML = """

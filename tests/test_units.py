@@ -1,6 +1,9 @@
+import json
+import pickle
+
 import pytest
 
-from pytest_tfmem.units import format_size, parse_size
+from pytest_tfmem.units import format_limit, format_size, parse_size
 
 pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
 
@@ -43,3 +46,15 @@ def test_format_size_always_prints_a_unit(nbytes, text):
 def test_format_size_signed():
     assert format_size(2**20, signed=True) == "+1.0 MiB"
     assert format_size(-(2**20), signed=True) == "-1.0 MiB"
+
+
+@pytest.mark.parametrize(
+    ("written", "shown"),
+    [("400MB", "400MB (381.5 MiB)"), ("1.5 GB", "1.5 GB (1.4 GiB)"), ("512MiB", "512.0 MiB"), ("100", "100 B"),
+     (2**20, "1.0 MiB")],
+)
+def test_a_limit_written_in_decimal_units_is_quoted_as_written_beside_its_binary_value(written, shown):
+    size = parse_size(written)
+    assert format_limit(size) == shown
+    assert pickle.loads(pickle.dumps(size)) == size and format_limit(pickle.loads(pickle.dumps(size))) == shown
+    assert json.dumps({"budget": size}) == f'{{"budget": {int(size)}}}'  # a plain number in every report

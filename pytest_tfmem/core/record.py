@@ -126,10 +126,10 @@ class TestRecord:
             for view in self.measurement.views:
                 name = view.view.replace(":", "_")
                 properties.append((sys.intern(f"tfmem_{name}_bytes"), view.increase))  # one string a session
-        if self.budget is not None:
-            properties.append((BUDGET_PROPERTY, self.budget))
+        if self.budget is not None:  # a plain int: pytest-xdist sends only the types it knows (not a ``units.Size``)
+            properties.append((BUDGET_PROPERTY, int(self.budget)))
         if self.gpu_budget is not None:
-            properties.append(("tfmem_gpu_budget_bytes", self.gpu_budget))
+            properties.append(("tfmem_gpu_budget_bytes", int(self.gpu_budget)))
         if self.retained is not None:
             properties.append(("tfmem_retained_bytes", self.retained.bytes))
         return properties

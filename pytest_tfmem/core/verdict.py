@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.retained import CHILDREN_VIEW
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import format_limit, format_size
 
 
 @dataclass(frozen=True)
@@ -52,5 +52,5 @@ def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None
         return None
     peak = measurement.peak
     relation = ">" if peak > budget else "<="
-    message = f"peak {format_size(peak)} {relation} budget {format_size(budget)} ({describe_views(measurement)})"
+    message = f"peak {format_size(peak)} {relation} budget {format_limit(budget)} ({describe_views(measurement)})"
     return Verdict("budget", peak <= budget, message)

@@ -40,7 +40,7 @@ from pytest_tfmem.core.verdict import Verdict, view_label
 from pytest_tfmem.errors import DeviceOutOfMemory
 from pytest_tfmem.frameworks import Framework
 from pytest_tfmem.probes.nvml import Nvml, NvmlSampler, process_sources
-from pytest_tfmem.units import SIZE_FORMS, format_size
+from pytest_tfmem.units import SIZE_FORMS, format_limit, format_size
 
 CHECK = "gpu_budget"
 EXTRA = "gpu"  # the record's section: NVML devices and problems
@@ -166,7 +166,7 @@ def check_gpu_budget(measurement: Measurement, budget: int | None) -> Verdict | 
     peak = max(increase for _, increase in views)
     relation = ">" if peak > budget else "<="
     labels = ", ".join(f"{view_label(name)} {format_size(increase)}" for name, increase in views)
-    message = f"GPU peak {format_size(peak)} {relation} GPU budget {format_size(budget)} ({labels})"
+    message = f"GPU peak {format_size(peak)} {relation} GPU budget {format_limit(budget)} ({labels})"
     note = sampling_note(measurement)
     return Verdict(CHECK, peak <= budget, f"{message}; {note}" if note else message)
 

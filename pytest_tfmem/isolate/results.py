@@ -19,7 +19,7 @@ from pytest_tfmem.core.record import TestRecord, publish, published_record, reco
 from pytest_tfmem.platforms import SAMPLED
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import format_limit, format_size
 
 PROCESS_PEAK_PROPERTY = "tfmem_isolated_process_peak_bytes"  # beside the record, for JUnit XML
 
@@ -197,7 +197,7 @@ def death_message(
     if result.killed_at_limit:
         assert kill_at is not None
         head = (
-            f"tfmem: killed at kill_at {format_size(kill_at)}: the isolated test's process tree "
+            f"tfmem: killed at kill_at {format_limit(kill_at)}: the isolated test's process tree "
             f"reached {format_size(result.last_rss)} after {result.elapsed_s:.2f} s"
         )
         return "kill_at", f"{head}\n{readings}\n{available}"

@@ -17,7 +17,7 @@ from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.files import FileFormatError, VersionedJson
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample, killed_by_oom_killer
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import format_limit, format_size
 
 SCENARIOS = "docs/scenarios.md"
 # Advice is given only where the figures say it clearly.
@@ -361,11 +361,11 @@ def advise(peak: int, host_data: int | None, device_peaks: dict[str, int], at_de
 def budget_verdicts(peak: int, budget: int | None, gpu_peaks: dict[str, int], gpu_budget: int | None) -> list[str]:
     verdicts = []
     if budget is not None and peak > budget:
-        verdicts.append(f"over budget: peak {format_size(peak)} > --budget={format_size(budget)}")
+        verdicts.append(f"over budget: peak {format_size(peak)} > --budget={format_limit(budget)}")
     for device, gpu_peak in sorted(gpu_peaks.items()):
         if gpu_budget is not None and gpu_peak > gpu_budget:
             verdicts.append(
-                f"over GPU budget on {device}: {format_size(gpu_peak)} > --gpu-budget={format_size(gpu_budget)}"
+                f"over GPU budget on {device}: {format_size(gpu_peak)} > --gpu-budget={format_limit(gpu_budget)}"
             )
     return verdicts
 

@@ -57,7 +57,7 @@ from pytest_tfmem.errors import TfmemFailure, failure_for
 from pytest_tfmem.probes import children, host
 from pytest_tfmem.session.stayed import Snapshot, Stayed, Watcher
 from pytest_tfmem.session.summary import account_lines
-from pytest_tfmem.units import SIZE_FORMS, format_size
+from pytest_tfmem.units import SIZE_FORMS, format_limit, format_size
 
 DEFAULT_STAYED_THRESHOLD = "16MB"
 
@@ -274,7 +274,7 @@ class SessionBooks:
             return None
         relation = ">" if retained.bytes > limit else "<="
         message = (
-            f"retained {format_size(retained.bytes)} {relation} max_retained {format_size(limit)} after the "
+            f"retained {format_size(retained.bytes)} {relation} max_retained {format_limit(limit)} after the "
             f"teardown (host outside TensorFlow's pool {format_size(retained.host_bytes, signed=True)}, TF CPU "
             f"allocator {format_size(retained.tf_bytes, signed=True)})"
         )
