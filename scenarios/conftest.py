@@ -20,16 +20,21 @@ from types import ModuleType
 
 import pytest
 
+from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.record import TestRecord, record_from_report
 from pytest_tfmem.core.summary import render_table
 from pytest_tfmem.units import format_size
 
-from . import scale
+from . import keras_3, scale
 
 # TensorFlow keeps CPU allocator statistics only with oneDNN on, its default on some x86 CPUs and
 # not on others: on, the scenarios measure the same TensorFlow on every machine (before any
 # scenario module imports it).
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# TensorFlow logs from C++ to standard error, at its runtime's start among others (`E0000 ... failed
+# call to cuInit` on a machine without a GPU): printed between the progress dots of the workers, an
+# `E` reads as the scenarios' error. Where the user has not set its level, only fatal lines are shown.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 VARIANT_PROPERTY = "tfmem_scenario_variant"
 NOTE_PROPERTY = "tfmem_scenario_note"
@@ -43,11 +48,18 @@ CHECK_WORDS = {"budget": "over budget", "leak": "leak", "kill_at": "killed at ki
 Row = tuple[dict[str, str], "TestRecord | None", str]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``longest`` first, the rest in their order: pytest-xdist hands tests out in
+    that order, and a long one started last keeps one worker busy while the other has finished."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "scenario(name): the scenario a module's tests belong to")
     config.addinivalue_line(
         "markers", "variant(role, description): a scenario's variant; role 'problem', 'fix' or 'no help'"
     )
+    config.addinivalue_line("markers", "longest: a scenario test that takes several seconds: run first")
     try:
         scale()
     except ValueError as error:
@@ -57,11 +69,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def keras_warmed_up() -> None:
-    """Keras's one-time costs paid before any scenario is measured (set-up is not charged)."""
-    from .warmup import warm_up_keras
+def keras_warmed_up(request: pytest.FixtureRequest) -> None:
+    """Keras's one-time costs paid before any scenario is measured (set-up is not charged), where
+    pytest-tfmem did not pay them in this process (an isolated test's, --no-tfmem-first-use-warmup)."""
+    if not (manager(request.config).warmed("Keras") and keras_3()):  # tf.keras is tf-keras: not warmed
+        from .warmup import warm_up_keras
 
-    warm_up_keras()
+        warm_up_keras()
 
 
 @pytest.fixture
@@ -157,24 +171,48 @@ class ScenarioTable:
                 note = json.loads(value)
                 self.notes.append((note["scenario"], note["text"]))
 
-    @pytest.hookimpl(trylast=True)
+    @pytest.hookimpl(tryfirst=True)  # first: what the suite is for, before tfmem's own sections
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.rows:
             return
-        terminalreporter.write_sep("=", "tfmem scenarios: problem vs fix")
+        terminalreporter.write_sep("=", "tfmem scenarios: what was caught, and what fixed it")
+        for line in self.cases():
+            terminalreporter.write_line(line)
+        terminalreporter.write_sep("-", "each variant side by side")
         for line in render_table(self.table()):
             terminalreporter.write_line(line)
         for scenario, text in sorted(self.notes):
             terminalreporter.write_line(f"{scenario}: {text}")
 
-    def table(self) -> list[list[str]]:
-        header = ["scenario / variant", "peak", "vs problem", "leak/iter", "outcome"]
-        rows = [header]
+    def cases(self) -> list[str]:
+        """One line per scenario: what caught each problem, and each fix's figure against it:
+        ``1. large dataset: caught numpy arrays + ... (over budget, 249.1 MiB); fixed by ... (23.9 MiB, 0.10x)``."""
+        lines = []
+        for scenario, variants in self._by_scenario().items():
+            reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
+            parts = []
+            for variant, record, outcome in variants:
+                figure = _case_figure(variant, record, reference)
+                words = _explain(outcome, variant, record).removeprefix("caught: ").removeprefix("passed").strip()
+                words = words[1:-1] if words.startswith("(") and words.endswith(")") else words  # "(isolated)"
+                words = f"{words}, " if words else ""
+                if variant["role"] == "problem":
+                    parts.append(f"caught {variant['description']} ({words}{figure})")
+                elif variant["role"] == "fix":
+                    parts.append(f"fixed by {variant['description']} ({words}{figure})")
+            lines.append(f"{scenario}: " + "; ".join(parts))
+        return lines
+
+    def _by_scenario(self) -> dict[str, list[Row]]:
         by_scenario: dict[str, list[Row]] = {}
         for row in self.rows:
             by_scenario.setdefault(row[0]["scenario"], []).append(row)
-        for scenario in sorted(by_scenario):
-            variants = sorted(by_scenario[scenario], key=_table_order)
+        return {scenario: sorted(by_scenario[scenario], key=_table_order) for scenario in sorted(by_scenario)}
+
+    def table(self) -> list[list[str]]:
+        header = ["scenario / variant", "peak", "vs problem", "leak/iter", "outcome"]
+        rows = [header]
+        for scenario, variants in self._by_scenario().items():
             reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
             rows.append([scenario, "", "", "", ""])
             for variant, record, outcome in variants:
@@ -183,6 +221,18 @@ class ScenarioTable:
                 rows.append([f"  {variant['role']}: {variant['description']}", format_size(peak), ratio,
                              _leak_per_iteration(_leak(variant, record)), _explain(outcome, variant, record)])
         return rows
+
+
+def _case_figure(variant: dict, record: TestRecord | None, reference: int | None) -> str:
+    """``+4.0 MiB per iteration`` for a variant a leak check judged, else its peak, with its ratio
+    to the problem's for a fix: ``26.4 MiB, 0.09x``."""
+    leak = _leak(variant, record)
+    if leak is not None and leak.get("growth_per_iteration") is not None:
+        return f"{_leak_per_iteration(leak)} per iteration"
+    peak = _peak(record)
+    compared = peak is not None and reference and variant["role"] != "problem"
+    ratio = f", {peak / reference:.2f}x" if compared and peak is not None and reference else ""
+    return f"{format_size(peak)}{ratio}"
 
 
 def _table_order(row: Row) -> tuple[int, str, int]:

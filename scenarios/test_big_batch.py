@@ -49,8 +49,11 @@ def test_peak_grows_roughly_linearly_with_batch_size(tfmem):
     assert 0.5 < second_slope / first_slope < 2, numbers  # linear: 1; quadratic: 3
 
 
+@pytest.mark.longest  # each trial a fresh interpreter that imports TensorFlow
 def test_find_max_batch_size_lands_between_the_fix_and_the_problem():
-    low, high, resolution = 16, big_batch.PROBLEM_BATCH, 16
+    # from the fix's batch to the problem's, in steps of the fix's: two trials, each a fresh interpreter
+    low, high = big_batch.FIX_BATCH, big_batch.PROBLEM_BATCH
+    resolution = big_batch.FIX_BATCH
     report = find_max_batch_size(big_batch.train_step, BUDGET, low=low, high=high, resolution=resolution,
                                  setup=warm_up_keras)
     print(report)

@@ -17,6 +17,7 @@ from pytest_tfmem import LeakDetected
 # Looked up, not imported: the variants run in processes of their own
 pytestmark = [
     pytest.mark.scenario("4. looped models (Keras on JAX)"),
+    pytest.mark.longest,  # a process of its own each, compiling a model a shape: several seconds
     pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed: JAX variants"),
 ]
 ROOT = Path(__file__).resolve().parent.parent

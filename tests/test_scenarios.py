@@ -47,12 +47,15 @@ def test_a_fix_that_no_longer_streams_fails_the_suite(pytester: pytest.Pytester)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.assert_outcomes(failed=1, xfailed=1)
     result.stdout.fnmatch_lines([
-        "*tfmem scenarios: problem vs fix*",
+        "*tfmem scenarios: what was caught, and what fixed it*",
+        "1. large dataset: caught * (over budget, *); fixed by streamed from shard files (from_generator) (FAILED: over budget, *)",
+        "*each variant side by side*",
+        "*",
         "1. large dataset",
         "  problem: numpy arrays + from_tensor_slices * caught: over budget",
         "  fix: streamed from shard files (from_generator) * FAILED: over budget",
     ])
-    result.stdout.fnmatch_lines(["tfmem: peak * > budget 114.4 MiB (host RSS *"])
+    result.stdout.fnmatch_lines(["tfmem: peak * > budget 120MB (114.4 MiB) (host RSS *"])
 
 
 def test_a_problem_that_is_no_longer_caught_fails_the_suite(pytester: pytest.Pytester):
@@ -107,12 +110,23 @@ def test_the_scenario_suite_passes_a_4GB_budget_and_prints_all_five_scenarios(py
     result = pytester.runpytest_subprocess("scenarios", "-n", "2", "--tfmem-budget=4GB", "-rs", *NO_CACHE)
 
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    # No TensorFlow log line among the progress dots: the suite sets TF_CPP_MIN_LOG_LEVEL (the
+    # environment here has none of its own)
+    assert "E0000" not in result.stderr.str() and "cuInit" not in result.stdout.str()
     # Pruning is a fix or no help as its numbers say: "fix: under budget" or "no help: over budget".
     pruning = ["*: pruning wrappers, 50% sparsity (tf-keras) * budget (isolated)"] if PRUNING else []
     # The JAX variants side by side among themselves: their peaks are whole processes they started.
     jax = ["4. looped models (Keras on JAX)", "*caught: leak", "*passed", "*no help: leak"] if JAX else []
     result.stdout.fnmatch_lines([
-        "*tfmem scenarios: problem vs fix*",
+        # first, a line a scenario: what caught its problems, what its fixes needed
+        "*tfmem scenarios: what was caught, and what fixed it*",
+        "1. large dataset: caught numpy arrays + from_tensor_slices (over budget, * MiB); fixed by * (* MiB, 0.*x)",
+        "2. deep model: inference: caught * (over budget, * MiB); fixed by *",
+        "2. deep model: training: caught * (over budget (isolated), * MiB); fixed by *",
+        "3. big batch: caught batch of 128 (over budget, * MiB); fixed by batch of 32 (* MiB, 0.*x)",
+        "4. looped models: caught no cleanup (leak, +* MiB per iteration); caught *; fixed by *",
+        "5. killed: caught * (killed at kill_at (isolated), * MiB); fixed by one 50 MB chunk at a time (isolated, * MiB, 0.*x)",
+        "*each variant side by side*",
         "scenario / variant * peak * vs problem * leak/iter * outcome",
         "1. large dataset", "*caught: over budget", "*passed",
         "2. deep model: inference", "*caught: over budget", "*passed",

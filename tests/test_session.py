@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from report_helpers import Run
 
+from pytest_tfmem.session.plugin import HOW_TO_READ
+
 MIB = 2**20
 # What a test that keeps nothing may still read: pytest's own reports, a page here and there.
 NOISE = 2 * MIB
@@ -122,7 +124,8 @@ def test_retained_figures_and_bookings_add_up_to_the_sessions_growth(numpy_run: 
 def test_the_terminal_gives_the_account_and_the_clear_session_line(numpy_run: Run):
     lines = numpy_run.output.splitlines()
     start = lines.index(next(line for line in lines if "tfmem: what the tests left behind" in line))
-    section = lines[start + 1 :]
+    assert lines[start + 1] == HOW_TO_READ  # what the account's figures are, before them
+    section = lines[start + 2 :]
     assert section[0].startswith("process ") and "over 7 measured tests: tests +" in section[0], section[0]
     assert "fixtures +" in section[0] and "first imports +30." in section[0] and "100% explained" in section[0]
     assert section[1] == "who left the most:"
@@ -140,7 +143,7 @@ def test_max_retained_fails_the_test_as_an_error_at_its_teardown(numpy_run: Run)
     assert "ERROR at teardown of test_keeps_too_much" in numpy_run.output
     assert "7 passed, 1 error" in numpy_run.output  # the test passed; its teardown is the error
     message = next(line for line in numpy_run.output.splitlines() if "tfmem: retained " in line)
-    assert "> max_retained 9.5 MiB after the teardown" in message and "list 'KEPT' (global of test_suite)" in message
+    assert "> max_retained 10MB (9.5 MiB) after the teardown" in message and "list 'KEPT' (global of test_suite)" in message
     verdicts = {v["check"]: v["ok"] for v in numpy_run.entry("test_keeps_too_much")["verdicts"]}
     assert verdicts["max_retained"] is False
     assert numpy_run.entry("test_keeps_a_cache")["outcome"] == "passed"  # exempt by its marker

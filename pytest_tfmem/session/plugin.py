@@ -60,6 +60,12 @@ from pytest_tfmem.session.summary import account_lines
 from pytest_tfmem.units import SIZE_FORMS, format_limit, format_size
 
 DEFAULT_STAYED_THRESHOLD = "16MB"
+# The line under the account's heading: what its figures are, and where they are told in full.
+HOW_TO_READ = (
+    "how to read it: each process from before its first measured test to after its last, the growth split "
+    "into what its tests kept and what was booked apart (fixtures, first imports, the frameworks' start and "
+    "first use); then who left the most (docs/session.md)"
+)
 
 MAX_RETAINED = settings.Option(
     "max_retained",
@@ -339,6 +345,7 @@ class SessionBooks:
         lines = account_lines(account, always=self.clear_session)
         if lines:
             terminalreporter.write_sep("=", "tfmem: what the tests left behind")
+            terminalreporter.write_line(HOW_TO_READ)
             for line in lines:
                 terminalreporter.write_line(line)
 
