@@ -233,3 +233,17 @@ def test_a_spread_survives_the_file_and_a_bad_or_missing_one_reads_as_before(tmp
         path.write_text(json.dumps(data))
         entry = load_baseline(path).tests["t.py::test_fit"]
         assert (entry.peak, entry.spread) == (27 * MIB, None)
+
+
+def test_merge_with_prefer_spread_keeps_the_runs_median_and_spread():
+    from pytest_tfmem.gates.merge import Shard, merge_shards
+
+    runs = [Shard(f"r{n}.json", "report", {"t.py::test_fit": BaselineEntry(peak * MIB, retained=kept * MIB)}, {})
+            for n, (peak, kept) in enumerate([(27, 1), (33, 3), (25, 2)])]
+    runs.append(Shard("r3.json", "report", {"t.py::test_other": BaselineEntry(5 * MIB)}, {}))
+    merged = merge_shards(runs, prefer="spread").baseline.tests
+    assert merged["t.py::test_fit"] == BaselineEntry(
+        27 * MIB, retained=2 * MIB, spread=Spread(3, {"peak": (25 * MIB, 33 * MIB), "retained": (MIB, 3 * MIB)}))
+    assert merged["t.py::test_other"].spread is None  # measured once: no spread
+    again = merge_shards([Shard("m.json", "baseline", merged, {}), runs[0]], prefer="spread").baseline.tests
+    assert again["t.py::test_fit"].spread == Spread(4, {"peak": (25 * MIB, 33 * MIB), "retained": (MIB, 3 * MIB)})
