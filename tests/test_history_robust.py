@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_tfmem.cli.main import main
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.history_plugin import MIN_STEP
 from pytest_tfmem.gates.steps import creep, gate, steps
@@ -57,9 +58,16 @@ def tfmem(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
+def in_process(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``tfmem ARGS`` run in this process (the command's own ``main``): exit code, output, errors."""
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("kind", BAD_LINES)
-def test_a_bad_line_costs_only_itself(tmp_path: Path, kind: str, where: str):
+def test_a_bad_line_costs_only_itself(tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, where: str):
     lines = good_lines()
     clean = tmp_path / "clean.jsonl"
     clean.write_text("".join(lines))
@@ -71,27 +79,27 @@ def test_a_bad_line_costs_only_itself(tmp_path: Path, kind: str, where: str):
     damaged.write_text("".join(lines))
     before = damaged.read_bytes()
 
-    read, expected = tfmem(tmp_path, "history", "damaged.jsonl"), tfmem(tmp_path, "history", "clean.jsonl")
-    assert read.returncode == 0, read.stderr
-    assert read.stdout.replace("damaged", "clean") == expected.stdout  # as if the line were absent
-    assert f"step +20.0 MiB (+50.0%) at {STEP_AT + 1}{STEP_AT + 1}{STEP_AT + 1}" in read.stdout
-    (warning,) = read.stderr.splitlines()  # named once, with its file and line
-    assert warning.startswith(f"tfmem: warning: line skipped: damaged.jsonl:{WHERE[where] + 1}: ") and named in warning
+    code, out, err = in_process(capsys, "history", str(damaged))
+    assert code == 0, err
+    assert out.replace("damaged", "clean") == in_process(capsys, "history", str(clean))[1]  # as if it were absent
+    assert f"step +20.0 MiB (+50.0%) at {STEP_AT + 1}{STEP_AT + 1}{STEP_AT + 1}" in out
+    (warning,) = err.splitlines()  # named once, with its file and line
+    assert warning.startswith(f"tfmem: warning: line skipped: {damaged}:{WHERE[where] + 1}: ") and named in warning
 
-    page = tfmem(tmp_path, "history", "damaged.jsonl", "--html", "page.html")
-    assert page.returncode == 0 and "page.html: 2 chart(s)" in page.stderr
-    merged = tfmem(tmp_path, "merge", "-o", "merged.jsonl", "damaged.jsonl")
-    assert merged.returncode == 0 and "1 line(s) that could not be read left out" in merged.stdout
+    code, _, err = in_process(capsys, "history", str(damaged), "--html", str(tmp_path / "page.html"))
+    assert code == 0 and "page.html: 2 chart(s)" in err
+    code, out, _ = in_process(capsys, "merge", "-o", str(tmp_path / "merged.jsonl"), str(damaged))
+    assert code == 0 and "1 line(s) that could not be read left out" in out
     assert history.read_history(tmp_path / "merged.jsonl") == history.read_history(clean)  # only good entries
     assert damaged.read_bytes() == before  # no reader rewrites the file
 
 
-def test_a_history_with_no_good_line_or_no_file_is_bad_input(tmp_path: Path):
+def test_a_history_with_no_good_line_or_no_file_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     (tmp_path / "bad.jsonl").write_text("".join(line for line, _ in BAD_LINES.values()) + "\n")
-    done = tfmem(tmp_path, "history", "bad.jsonl")
-    assert done.returncode == 2 and "holds no entry this pytest-tfmem can read: every line was skipped" in done.stderr
-    done = tfmem(tmp_path, "history", "none.jsonl")
-    assert done.returncode == 2 and "no such file (record one with pytest --tfmem-history=PATH)" in done.stderr
+    code, _, err = in_process(capsys, "history", str(tmp_path / "bad.jsonl"))
+    assert code == 2 and "holds no entry this pytest-tfmem can read: every line was skipped" in err
+    code, _, err = in_process(capsys, "history", str(tmp_path / "none.jsonl"))
+    assert code == 2 and "no such file (record one with pytest --tfmem-history=PATH)" in err
 
 
 class Repository:
