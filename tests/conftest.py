@@ -35,8 +35,14 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # Hypothesis's plugin, which no test uses and which a machine may have installed for other
 # projects: its import took 0.45 s of CPU in each of the suite's several hundred inner runs. Here
 # for plain subprocesses (module-scoped fixtures' too), and in ``pytester`` below, which discards
-# the outer PYTEST_ADDOPTS.
-INNER_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest"
+# the outer PYTEST_ADDOPTS. A run with ``-p no:tfmem`` takes PLAIN_RUN_OPTIONS:
+# pytest warns of an ini option no plugin declares.
+PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest"
+# The first-use warm-up costs each inner session that starts TensorFlow about 1.4 s, a tenth of
+# this suite's time, and most tests look at one test's figures, not at their order: it is off in
+# inner runs, and the tests of first use and of order ask for it (WARM_UP).
+INNER_RUN_OPTIONS = f"{PLAIN_RUN_OPTIONS} -o tfmem_first_use_warmup=false"
+WARM_UP = ("-o", "tfmem_first_use_warmup=true")
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {INNER_RUN_OPTIONS}".strip()
 
 

@@ -15,6 +15,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from conftest import WARM_UP
 from report_helpers import Run
 from trace_helpers import get, tensorboard, wait_for
 
@@ -111,7 +112,7 @@ def _start(folder: Path, *args: str, quiet: bool = False, backend: str = "jax") 
         # arena and XLA's CPU work on one thread keep the runs comparable.
         environment.update(MALLOC_ARENA_MAX="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
     return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *args,
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *WARM_UP, *args,
          "--tfmem-report=report.json"],
         cwd=folder, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

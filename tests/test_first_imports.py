@@ -12,6 +12,7 @@ import re
 import textwrap
 
 import pytest
+from conftest import WARM_UP
 
 from pytest_tfmem.core.first_imports import section_lines
 from pytest_tfmem.core.measure import Measurement, ViewReading
@@ -147,7 +148,7 @@ def test_a_test_reads_the_same_whether_or_not_it_imported_tensorflow_first(pytes
         test_after=form_file(False, "imports_only", "fit_function", "tf_function", "importorskip_function", "cases"),
     )
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-rA", "--tfmem-budget=200MB", "--tfmem-report=report.json",
+        "-p", "no:cacheprovider", "-rA", "--tfmem-budget=200MB", "--tfmem-report=report.json", *WARM_UP,
         "-n", "2", "--dist", "loadfile", "test_first.py", "test_after.py",
     )
     result.assert_outcomes(passed=11)  # within 200 MB, first import of TensorFlow or not

@@ -7,11 +7,19 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import PLAIN_RUN_OPTIONS
 
 from pytest_tfmem.core.retained import FIRST_USE, RUNTIME, Booking, Level, Retained, SessionAccount
 from pytest_tfmem.session.summary import process_line
 
 MIB = 2**20
+
+
+@pytest.fixture
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """The suite's ``pytester``, its inner runs with tfmem's default: the warm-up on (tests/conftest.py)."""
+    monkeypatch.setenv("PYTEST_ADDOPTS", PLAIN_RUN_OPTIONS)
+    return pytester
 
 TWO_FITS = """
 import keras

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import PLAIN_RUN_OPTIONS
 
 GROWTH_VARIABLE = "TF_FORCE_GPU_ALLOW_GROWTH"  # TensorFlow's, one of the variables a GPU option sets
 
@@ -93,6 +94,7 @@ def test_an_inert_session_is_the_same_as_one_without_the_plugin(
     step_summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
     monkeypatch.delenv(GROWTH_VARIABLE, raising=False)
+    monkeypatch.setenv("PYTEST_ADDOPTS", PLAIN_RUN_OPTIONS)  # no tfmem ini value either
     # Inherited or not depending on what ran before in this process: each run makes its own.
     monkeypatch.delenv("MEMRAY_RESULT_PATH", raising=False)
     pytester.makeconftest(CONFTEST)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PLAIN_RUN_OPTIONS
 
 from pytest_tfmem import platforms
 from pytest_tfmem.core.measure import PeakTracker
@@ -508,6 +509,7 @@ def test_installed_on_windows_an_unused_plugin_changes_nothing(pytester: pytest.
     pytester.makepyfile(test_plain=PLAIN_TESTS)
     monkeypatch.setenv("PYTHONPATH", simulated("windows")["PYTHONPATH"])
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")  # other plugins (pytest-memray) do not run on Windows
+    monkeypatch.setenv("PYTEST_ADDOPTS", PLAIN_RUN_OPTIONS)  # no tfmem ini value either
     without = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:tfmem")
     inert = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "pytest_tfmem.plugin")
     without.assert_outcomes(passed=6, xfailed=1)

@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import pytest
+from conftest import PLAIN_RUN_OPTIONS
 
 from pytest_tfmem.probes.objects import size_of
 
@@ -29,7 +30,9 @@ def _warning_lines(result: pytest.RunResult) -> list[str]:
 
 
 @pytest.fixture
-def legacy_modules(pytester: pytest.Pytester) -> pytest.Pytester:
+def legacy_modules(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # runs with and without tfmem compare their warnings: no tfmem ini value (the tests import no framework)
+    monkeypatch.setenv("PYTEST_ADDOPTS", PLAIN_RUN_OPTIONS)
     for level in (1, 2):
         pytester.makepyfile(**{f"legacy{level}": LEGACY.format(level=level)})
     pytester.makepyfile(test_importer=IMPORTS)
