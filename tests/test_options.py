@@ -8,6 +8,7 @@ import os
 import pkgutil
 
 import pytest
+from conftest import PLAIN_RUN_OPTIONS
 
 import pytest_tfmem
 from pytest_tfmem.core import settings
@@ -66,8 +67,14 @@ def _switch_on(name: str) -> str:
     ],
 )
 def test_the_command_line_beats_the_ini_file_and_the_last_switch_wins(
-    pytester: pytest.Pytester, name: str, ini: str | None, arguments: list[str], expected: bool
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    ini: str | None,
+    arguments: list[str],
+    expected: bool,
 ):
+    monkeypatch.setenv("PYTEST_ADDOPTS", PLAIN_RUN_OPTIONS)  # no -o of the suite's inner runs beats the ini file
     option = declared_options()[name]
     if ini is not None:
         pytester.makeini(f"[pytest]\n{option.ini} = {ini}\n")
