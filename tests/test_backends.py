@@ -118,6 +118,15 @@ def _start(folder: Path, *args: str, quiet: bool = False, backend: str = "jax") 
     )  # fmt: skip
 
 
+def _assert_the_same_in_process(test: str, figures: dict[str, float], floor: float) -> None:
+    """In process, the framework's first use (Keras's first fit: about 10 MiB) is paid before the
+    first test, whichever test comes first; an isolated test's process pays it in its test
+    (docs/measurement.md), so its figure may be that much higher."""
+    in_process = [figure for order, figure in figures.items() if order != "isolated"]
+    assert max(in_process) - min(in_process) <= max(floor, 0.1 * max(in_process)), (test, figures)
+    assert figures["isolated"] <= max(in_process) + 16 * MIB, (test, figures)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """Every run of this module: the order suite in two orders, isolated and under pytest-xdist,
@@ -165,9 +174,8 @@ def test_keras_on_jax_never_imports_tensorflow_and_leak_checks_name_jax_executab
 def test_jax_runtime_start_is_booked_apart_whichever_test_uses_jax_first(runs: dict[str, Run]):
     for name in ("test_sum", "test_fit", "test_mean"):
         figures = {order: runs[order].peak(name) for order in (*ORDERS, "isolated", "xdist")}
-        low, high = min(figures.values()), max(figures.values())
         print(name, {order: round(figure / MIB, 1) for order, figure in figures.items()})
-        assert high - low <= max(10 * MIB, 0.1 * high), (name, figures)
+        _assert_the_same_in_process(name, figures, floor=10 * MIB)  # JAX's compiles vary by 10-20%
     assert "JAX's runtime start" in runs["sum first"].output
 
 
@@ -357,8 +365,4 @@ def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_f
             peaks.setdefault(test, {})[name] = run.peak(test)
     for test, figures in peaks.items():
         print(test, {order: round(figure / MIB, 1) for order, figure in figures.items()})
-        # In process, Keras's first use on PyTorch (a first fit: about 10 MiB) is paid before the
-        # first test; an isolated test's process pays it in its test (docs/measurement.md).
-        in_process = [figure for order, figure in figures.items() if order != "isolated"]
-        assert max(in_process) - min(in_process) <= max(2 * MIB, 0.1 * max(in_process)), (test, figures)
-        assert figures["isolated"] <= max(in_process) + 16 * MIB, (test, figures)
+        _assert_the_same_in_process(test, figures, floor=2 * MIB)
