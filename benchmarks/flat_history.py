@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.copy(history, args.keep)
     minutes = (time.perf_counter() - started) / 60
     lines = [
-        machine.written_by("benchmarks/flat_history.py", argv) + f"; took {minutes:.1f} min.",
+        machine.written_by("-m benchmarks.flat_history", argv) + f"; took {minutes:.1f} min.",
         "",
         f"{args.commits} commits of unchanged code (`small_keras.py` on TensorFlow and `test_batch.py`, which "
         f"holds a 40 MiB batch), each measured once in its own random order, with `--tfmem-history-gate={GATE}`; "

@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(" | ".join(row), flush=True)
     minutes = (time.perf_counter() - started) / 60
     lines = [
-        machine.written_by("benchmarks/order_spread.py", argv) + f"; took {minutes:.1f} min.",
+        machine.written_by("-m benchmarks.order_spread", argv) + f"; took {minutes:.1f} min.",
         f"Machine: {machine.description()}. Versions: {machine.versions()}.",
         "",
         f"Each suite ran in {args.orders} random orders (pytest-randomly) and once more under `-n 2`, with the "

@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "yes" if found["randomly"] else "no", f"{seconds / 60:.1f} min", f"{seconds / test_seconds:.2f}x"])
     ratio = statistics.median(now) / statistics.median(before)
     lines = [
-        machine.written_by("benchmarks/quick_start.py", argv) + f"; took {minutes:.1f} min.",
+        machine.written_by("-m benchmarks.quick_start", argv) + f"; took {minutes:.1f} min.",
         f"Machine: {machine.description()}.",
         "",
         "Each extra installed into a fresh virtual environment from this checkout (the package index is "
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine.write_section(args.output, "benchmarks/quick_start.py", text, "Quick start")
     if args.scenarios_page is not None:
         page = "\n".join([
-            machine.written_by("benchmarks/quick_start.py", argv) + ".",
+            machine.written_by("-m benchmarks.quick_start", argv) + ".",
             f"`pytest {' '.join(MAIN_JOB)}` in a fresh environment of the `scenarios` extra, on "
             f"{machine.description()}: {statistics.median(now):.0f} s from start to end (median of {args.repeat}); "
             "its last run printed:",
