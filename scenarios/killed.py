@@ -15,6 +15,7 @@ import numpy as np
 MB = 10**6
 TOTAL = 2000 * MB  # what the job would hold at the end: more than its kill_at
 CHUNK = 50 * MB
+WORK_S = 0.05  # per chunk: the watchdog reads every 20 ms, so it sees each chunk at least twice
 
 
 def problem_hold_everything(total: int = TOTAL, chunk: int = CHUNK) -> float:
@@ -22,7 +23,7 @@ def problem_hold_everything(total: int = TOTAL, chunk: int = CHUNK) -> float:
     chunks = []
     for _ in range(total // chunk):
         chunks.append(np.ones(chunk, dtype=np.uint8))  # every page touched
-        time.sleep(0.1)  # a job does some work per chunk (and the watchdog gets to look)
+        time.sleep(WORK_S)  # a job does some work per chunk (and the watchdog gets to look)
     return float(sum(int(c[::4096].sum()) for c in chunks))
 
 
@@ -33,5 +34,5 @@ def fix_one_chunk_at_a_time(total: int = TOTAL, chunk: int = CHUNK) -> float:
         block = np.ones(chunk, dtype=np.uint8)
         result += int(block[::4096].sum())
         del block
-        time.sleep(0.1)
+        time.sleep(WORK_S)
     return result
