@@ -7,7 +7,7 @@ not (a test file taken for the path when ``--tfmem-report=PATH`` was typed with 
 Every path the user names for an output follows one rule before anything runs: after
 ``overwrite_refusal``, ``prepare_output`` makes its missing directories (as pytest's
 ``--junitxml`` makes them), or says why it cannot be written. A write that still fails at the end (a full disk) goes to
-``unwritten_path`` instead, and says where.
+``.tfmem/unwritten/`` instead (``set_aside``), and says where.
 ``VersionedJson`` is a JSON file format of tfmem's (baselines, reports): an object that names its
 format and version, written atomically and read back with both checked, every problem a
 ``FileFormatError`` naming the file.
@@ -316,10 +316,16 @@ def prepare_output(path: Path) -> str | None:
     return None
 
 
-def unwritten_path(root: Path, path: Path) -> Path:
-    """Where an output that could not be written at ``path`` goes instead: ``.tfmem/unwritten/``
-    under ``root`` (the session's rootdir), by its own name."""
-    return make_directory(root / DIRECTORY / "unwritten") / path.name
+def set_aside(root: Path, path: Path, write: Callable[[Path], None], kept: str = "") -> str:
+    """Write with ``write`` what could not be written at ``path`` to ``.tfmem/unwritten/`` under
+    ``root`` (the session's rootdir) instead, by its own name; what to add to the message that says
+    so: where it went (and ``kept``, what to do with it), or why it could not go there either."""
+    try:
+        instead = make_directory(root / DIRECTORY / "unwritten") / path.name
+        write(instead)
+    except (OSError, FileFormatError) as error:
+        return f"; nor to {DIRECTORY}/unwritten/ ({getattr(error, 'strerror', None) or error})"
+    return f"; written to {instead} instead{kept}"
 
 
 def overwrite_refusal(path: Path, kind: Output) -> str | None:

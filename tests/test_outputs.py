@@ -135,16 +135,22 @@ def test_a_path_that_cannot_be_written_is_a_usage_error_before_any_test_runs(pyt
     assert (pytester.path / "taken").read_text() == "a file where a directory would be\n"
 
 
-def test_an_output_that_fails_at_the_end_goes_to_the_tfmem_directory_and_the_exit_code_says_so(
-    pytester: pytest.Pytester,
-):
-    """The directory is taken away while the tests run: the report is not lost."""
-    pytester.makepyfile(test_one=TESTS + """
+# Takes the output's directory away while the tests run, and leaves a file where it was: nothing
+# can be written under it, not even by a writer that makes missing directories.
+REMOVES_GONE = """
 
 def test_two():
     import shutil
     shutil.rmtree("gone")
-""")
+    open("gone", "w").close()
+"""
+
+
+def test_an_output_that_fails_at_the_end_goes_to_the_tfmem_directory_and_the_exit_code_says_so(
+    pytester: pytest.Pytester,
+):
+    """The directory is taken away while the tests run: the report is not lost."""
+    pytester.makepyfile(test_one=TESTS + REMOVES_GONE)
     (pytester.path / "gone").mkdir()
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=gone/report.json")
     result.assert_outcomes(passed=2)
@@ -152,6 +158,23 @@ def test_two():
     kept = pytester.path / ".tfmem" / "unwritten" / "report.json"
     result.stdout.fnmatch_lines([f"tfmem: could not write the JSON report to *gone/report.json: *; written to {kept} instead"])
     assert '"test_one.py::test_two"' in kept.read_text()
+
+
+def test_a_history_line_that_cannot_be_added_at_the_end_is_kept_for_tfmem_merge(pytester: pytest.Pytester):
+    """The history's directory is taken away while the tests run: the session's line is not lost."""
+    checkout(pytester)
+    pytester.makepyfile(test_one=TESTS + REMOVES_GONE)
+    (pytester.path / "gone").mkdir()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-history=gone/history.jsonl")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    kept = pytester.path / ".tfmem" / "unwritten" / "history.jsonl"
+    result.stdout.fnmatch_lines([f"tfmem: could not add to the memory history *gone/history.jsonl: *; written to "
+                                 f"{kept} instead (tfmem merge folds it into the history)"])
+    merged = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "merge", "-o", "history.jsonl", str(kept)],
+                            cwd=pytester.path, capture_output=True, text=True)
+    assert merged.returncode == 0, merged.stderr
+    assert '"test_one.py::test_two"' in (pytester.path / "history.jsonl").read_text()
 
 
 def test_the_commands_make_missing_directories_and_refuse_a_path_they_cannot_write(pytester: pytest.Pytester):

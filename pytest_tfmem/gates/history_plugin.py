@@ -16,7 +16,7 @@ import pytest
 from pytest_tfmem.core import processes, settings
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.files import unwritten_path
+from pytest_tfmem.files import set_aside
 from pytest_tfmem.gates.baseline import compared_quantities
 from pytest_tfmem.gates.environment import current_environment
 from pytest_tfmem.gates.history import (
@@ -169,12 +169,9 @@ class MemoryHistory:
             append_entry(self.path, entry)
         except (OSError, HistoryError) as error:
             message = f"could not add to the memory history {self.path}: {error}"
-            try:  # the session's figures are never lost
-                instead = unwritten_path(self.config.rootpath, self.path)
-                append_entry(instead, entry)
-                message += f"; added to {instead} instead (tfmem merge folds it into the history)"
-            except (OSError, HistoryError) as second:
-                message += f"; nor to .tfmem/unwritten/ ({second})"
+            # the session's figures are never lost
+            message += set_aside(self.config.rootpath, self.path, lambda instead: append_entry(instead, entry),
+                                 kept=" (tfmem merge folds it into the history)")
             self.outcome_lines.append((message, {"red": True}))
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -20,7 +20,7 @@ from pytest_tfmem.core.manager import ARGUMENTS, manager
 from pytest_tfmem.core.record import RetainedFigures, TestRecord
 from pytest_tfmem.core.summary import HeaviestTests, render_table
 from pytest_tfmem.core.verdict import Verdict
-from pytest_tfmem.files import Output, unwritten_path, write_text_atomic
+from pytest_tfmem.files import Output, set_aside, write_text_atomic
 from pytest_tfmem.gates import history_plugin, reports
 from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
@@ -301,12 +301,7 @@ class CiGates:
             write(path)
         except OSError as error:
             message = f"could not write the {what} to {path}: {error.strerror or error}"
-            try:
-                instead = unwritten_path(self.config.rootpath, path)
-                write(instead)
-                message += f"; written to {instead} instead"
-            except OSError as second:
-                message += f"; nor to .tfmem/unwritten/ ({second.strerror or second})"
+            message += set_aside(self.config.rootpath, path, write)
             self.outcome_lines.append((message, {"red": True}))
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
