@@ -341,18 +341,21 @@ class TfmemManager:
     def prepare_and_warm_up(self, item: pytest.Item) -> None:
         """Before a measured test where no books are kept: the frameworks' runtimes, their first uses."""
         self.prepare_frameworks(item)
-        for first_use in self.first_uses_due():
-            self.warm_up(first_use)
+        self._warm_up_due()
 
     def _prepare_inside_import(self, imported: str) -> None:
         """A test's own first import of a framework (or of Keras) ends: its runtime starts and its
         first use is paid inside the import, which every window leaves out."""
         self.prepare_frameworks(imported=imported)
-        due = self.first_uses_due(finishing=imported)
+        if self._warm_up_due(finishing=imported):  # what it freed is handed back, as between two tests
+            host.release_freed_memory()
+
+    def _warm_up_due(self, finishing: str = "") -> bool:
+        """Pay every first use due now (``first_uses_due``); whether there was any."""
+        due = self.first_uses_due(finishing)
         for first_use in due:
             self.warm_up(first_use)
-        if due:  # what the warm-up freed is handed back, as between two tests: the test reads from there
-            host.release_freed_memory()
+        return bool(due)
 
     def finish(
         self,
