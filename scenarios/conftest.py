@@ -230,9 +230,9 @@ def _case_figure(variant: dict, record: TestRecord | None, reference: int | None
     if leak is not None and leak.get("growth_per_iteration") is not None:
         return f"{_leak_per_iteration(leak)} per iteration"
     peak = _peak(record)
-    compared = peak is not None and reference and variant["role"] != "problem"
-    ratio = f", {peak / reference:.2f}x" if compared and peak is not None and reference else ""
-    return f"{format_size(peak)}{ratio}"
+    if peak is None or not reference or variant["role"] == "problem":
+        return format_size(peak)
+    return f"{format_size(peak)}, {peak / reference:.2f}x"
 
 
 def _table_order(row: Row) -> tuple[int, str, int]:
