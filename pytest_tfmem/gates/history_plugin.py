@@ -8,7 +8,6 @@ Markdown's sparklines, read the history once, for this session's environment onl
 from __future__ import annotations
 
 import collections
-import functools
 from collections.abc import Iterable
 
 import pytest
@@ -84,16 +83,21 @@ class MemoryHistory:
             except HistoryError as error:
                 raise pytest.UsageError(f"pytest-tfmem: {HISTORY.cli}: {error}") from None
         self.outcome_lines: list[tuple[str, dict[str, bool]]] = []
+        self._past: dict[str, Series] | None = None
 
     @property
     def active(self) -> bool:
         return self.path is not None
 
-    @functools.cached_property
     def past(self) -> dict[str, Series]:
-        """Each test's series in this session's environment, as the file holds it (read once): the
-        good lines of the window (each line skipped is said once, at the end); nothing where the
-        file is missing, and nothing, said once, where it cannot be read at all."""
+        """Each test's series in this session's environment, as the file holds it (read once, on the
+        first call): the good lines of the window (each line skipped is said once, at the end);
+        nothing where the file is missing, and nothing, said once, where it cannot be read at all."""
+        if self._past is None:
+            self._past = self._read_past()
+        return self._past
+
+    def _read_past(self) -> dict[str, Series]:
         if self.path is None or not self.path.exists():
             return {}
         try:  # the window's commits only (a commit may have a line for each shard): the file's length costs nothing
@@ -121,7 +125,7 @@ class MemoryHistory:
         last step (``steps.creep_since_last_step``), beyond the tolerance and the series' noise."""
         if self.gate is None or record.measurement is None:
             return None
-        past = self.past.get(record.nodeid)
+        past = self.past().get(record.nodeid)
         if past is None:
             return None
         assert self.commit is not None
@@ -192,7 +196,7 @@ class MemoryHistory:
             return []
         rows = []
         for record in records:
-            past = self.past.get(record.nodeid)
+            past = self.past().get(record.nodeid)
             if record.measurement is None or past is None:
                 continue
             points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]

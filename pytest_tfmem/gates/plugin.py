@@ -223,7 +223,7 @@ class CiGates:
             self._save_baseline(session, records, exitstatus)
         if self.history.active:
             if self.history.gate is not None:
-                self.history.past  # noqa: B018 - read here too (pytest-xdist's workers gate): its lines are said once
+                self.history.past()  # read here too (pytest-xdist's workers gate): its skipped lines are said once
             self.history.record(session, records, finished=exitstatus not in UNFINISHED)
             self.outcome_lines += self.history.outcome_lines
         if self.markdown_path is None and not self.github_summary:
