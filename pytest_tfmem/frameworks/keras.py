@@ -69,8 +69,8 @@ WHOLE_ON = ("tensorflow", "torch")
 
 def warm_up(keras: ModuleType, zeros: Any) -> None:
     """A tiny model fitted with Adam (validation data, metrics, a callback: Keras's training and
-    evaluation machinery), used to predict and fitted again with SGD, and a conv and an embedding
-    model used to predict; on a backend not ``WHOLE_ON``, one layer fitted with Adam.
+    evaluation machinery), and a conv and an embedding model used to predict (Keras's prediction
+    machinery with them); on a backend not ``WHOLE_ON``, one layer fitted with Adam.
     ``zeros(shape, dtype)`` makes the inputs (NumPy's: every backend's ``fit`` takes them). What
     it costs and saves: docs/measurement.md, "First use is not charged"."""
     layers = keras.layers
@@ -85,9 +85,6 @@ def warm_up(keras: ModuleType, zeros: Any) -> None:
         model.compile(optimizer="adam", loss="mse", metrics=["mae", "accuracy"])
         stop = keras.callbacks.EarlyStopping(patience=1)
         model.fit(x, y, batch_size=8, validation_data=(x, y), callbacks=[stop], verbose=0)
-        model.predict(x, batch_size=8, verbose=0)
-        model.compile(optimizer="sgd", loss="mse")
-        model.fit(x, y, batch_size=8, verbose=0)
         kernels = [
             ([keras.Input((8, 8, 1)), layers.Conv2D(2, 3, activation="relu"), layers.MaxPooling2D(), layers.Flatten()],
              zeros((4, 8, 8, 1), "float32")),
