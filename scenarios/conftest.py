@@ -189,7 +189,7 @@ class ScenarioTable:
         ``1. large dataset: caught numpy arrays + ... (over budget, 249.1 MiB); fixed by ... (23.9 MiB, 0.10x)``."""
         lines = []
         for scenario, variants in self._by_scenario().items():
-            reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
+            reference = _problem_peak(variants)
             parts = []
             for variant, record, outcome in variants:
                 figure = _case_figure(variant, record, reference)
@@ -213,7 +213,7 @@ class ScenarioTable:
         header = ["scenario / variant", "peak", "vs problem", "leak/iter", "outcome"]
         rows = [header]
         for scenario, variants in self._by_scenario().items():
-            reference = next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
+            reference = _problem_peak(variants)
             rows.append([scenario, "", "", "", ""])
             for variant, record, outcome in variants:
                 peak = _peak(record)
@@ -245,6 +245,11 @@ def _table_order(row: Row) -> tuple[int, str, int]:
 
 def _peak(record: TestRecord | None) -> int | None:
     return record.measurement.peak if record is not None and record.measurement is not None else None
+
+
+def _problem_peak(variants: list[Row]) -> int | None:
+    """The peak a scenario's fixes are compared with: its problem's."""
+    return next((_peak(record) for variant, record, _ in variants if variant["role"] == "problem"), None)
 
 
 def _leak(variant: dict, record: TestRecord | None) -> dict | None:

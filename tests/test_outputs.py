@@ -146,16 +146,22 @@ def test_two():
 """
 
 
+def run_losing_the_directory(pytester: pytest.Pytester, option: str, name: str) -> tuple[pytest.RunResult, Path]:
+    """Run ``--tfmem-OPTION=gone/NAME`` while a test takes ``gone`` away: the tests pass, the
+    session fails on the output it could not write; the result, and where the output was set aside."""
+    pytester.makepyfile(test_one=TESTS + REMOVES_GONE)
+    (pytester.path / "gone").mkdir()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--tfmem-{option}=gone/{name}")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    return result, pytester.path / ".tfmem" / "unwritten" / name
+
+
 def test_an_output_that_fails_at_the_end_goes_to_the_tfmem_directory_and_the_exit_code_says_so(
     pytester: pytest.Pytester,
 ):
     """The directory is taken away while the tests run: the report is not lost."""
-    pytester.makepyfile(test_one=TESTS + REMOVES_GONE)
-    (pytester.path / "gone").mkdir()
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-report=gone/report.json")
-    result.assert_outcomes(passed=2)
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    kept = pytester.path / ".tfmem" / "unwritten" / "report.json"
+    result, kept = run_losing_the_directory(pytester, "report", "report.json")
     result.stdout.fnmatch_lines([f"tfmem: could not write the JSON report to *gone/report.json: *; written to {kept} instead"])
     assert '"test_one.py::test_two"' in kept.read_text()
 
@@ -163,12 +169,7 @@ def test_an_output_that_fails_at_the_end_goes_to_the_tfmem_directory_and_the_exi
 def test_a_history_line_that_cannot_be_added_at_the_end_is_kept_for_tfmem_merge(pytester: pytest.Pytester):
     """The history's directory is taken away while the tests run: the session's line is not lost."""
     checkout(pytester)
-    pytester.makepyfile(test_one=TESTS + REMOVES_GONE)
-    (pytester.path / "gone").mkdir()
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-history=gone/history.jsonl")
-    result.assert_outcomes(passed=2)
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    kept = pytester.path / ".tfmem" / "unwritten" / "history.jsonl"
+    result, kept = run_losing_the_directory(pytester, "history", "history.jsonl")
     result.stdout.fnmatch_lines([f"tfmem: could not add to the memory history *gone/history.jsonl: *; written to "
                                  f"{kept} instead (tfmem merge folds it into the history)"])
     merged = subprocess.run([sys.executable, "-m", "pytest_tfmem.cli.main", "merge", "-o", "history.jsonl", str(kept)],

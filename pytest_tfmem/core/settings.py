@@ -212,7 +212,7 @@ TF_WARMUP = Option(
 FIRST_USE_WARMUP = Option(
     "first_use_warmup",
     "before the first measured test, pay each framework's first use once its runtime started (a tiny "
-    "Keras fit with Adam and SGD, predict, conv and embedding kernels, a tf.data pipeline, a traced "
+    "Keras fit with Adam, a predict with conv and embedding kernels, a tf.data pipeline, a traced "
     "function, a gradient), so whichever test runs first is not charged for it; booked in the "
     "session's account (default true; needs tfmem_tf_warmup)",
     parse_bool,
