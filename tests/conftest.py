@@ -38,7 +38,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # the outer PYTEST_ADDOPTS. A run with ``-p no:tfmem`` takes PLAIN_RUN_OPTIONS:
 # pytest warns of an ini option no plugin declares.
 PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest"
-# The first-use warm-up costs each inner session that starts TensorFlow about 1.4 s, a tenth of
+# The first-use warm-up costs each inner session that starts TensorFlow about 1.2 s, a tenth of
 # this suite's time, and most tests look at one test's figures, not at their order: it is off in
 # inner runs, and the tests of first use and of order ask for it (WARM_UP).
 INNER_RUN_OPTIONS = f"{PLAIN_RUN_OPTIONS} -o tfmem_first_use_warmup=false"
