@@ -116,6 +116,13 @@ class MemoryHistory:
                     found[nodeid] = Series(nodeid, one.environment, one.points[-self.window :])
         return found
 
+    def _points_with_now(self, record: TestRecord) -> list[Point] | None:
+        """The test's points in the history, then this commit's peak; None where either is missing."""
+        past = self.past().get(record.nodeid)
+        if past is None or record.measurement is None or self.commit is None:
+            return None
+        return [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
+
     def pytest_tfmem_measure_all(self) -> bool:
         return self.active
 
@@ -125,11 +132,9 @@ class MemoryHistory:
         last step (``steps.creep_since_last_step``), beyond the tolerance and the series' noise."""
         if self.gate is None or record.measurement is None:
             return None
-        past = self.past().get(record.nodeid)
-        if past is None:
+        points = self._points_with_now(record)
+        if points is None:
             return None
-        assert self.commit is not None
-        points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
         gated = gate(points, self.gate, MIN_STEP)
         if gated is None:
             return None
@@ -196,10 +201,10 @@ class MemoryHistory:
             return []
         rows = []
         for record in records:
-            past = self.past().get(record.nodeid)
-            if record.measurement is None or past is None:
+            points = self._points_with_now(record)
+            if points is None:
                 continue
-            points = [*past.points, Point(self.commit.commit, self.commit.parent, (record.measurement.peak,))]
+            assert record.measurement is not None
             found = creep(points, min_step=MIN_STEP)
             moved = found is not None and found.notable(MIN_STEP)
             if not moved and not steps(points[-3:], MIN_STEP):
