@@ -15,8 +15,9 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ TABLE_PLUGIN = "tfmem-scenario-table"
 # How a failed check reads in the table's outcome column.
 CHECK_WORDS = {"budget": "over budget", "leak": "leak", "kill_at": "killed at kill_at", "signal": "killed by a signal"}
 # One variant's result: its marker data, its tfmem record (if measured), its outcome.
-Row = tuple[dict[str, str], "TestRecord | None", str]
+Row = tuple[dict[str, Any], "TestRecord | None", str]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -134,7 +135,9 @@ def measured_variant(request: pytest.FixtureRequest) -> MeasuredVariant:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report: pytest.TestReport = yield
     scenario, variant = item.get_closest_marker("scenario"), item.get_closest_marker("variant")
     if call.when == "call" and scenario is not None and variant is not None:
@@ -165,10 +168,10 @@ class ScenarioTable:
         for name, value in report.user_properties:
             if name == VARIANT_PROPERTY:
                 # where the test is defined: the order within a role, whichever worker ran it first
-                variant = {**json.loads(value), "place": [report.location[0], report.location[1] or 0]}
+                variant = {**json.loads(str(value)), "place": [report.location[0], report.location[1] or 0]}
                 self.rows.append((variant, record_from_report(report), _outcome(report, variant)))
             elif name == NOTE_PROPERTY:
-                note = json.loads(value)
+                note = json.loads(str(value))
                 self.notes.append((note["scenario"], note["text"]))
 
     @pytest.hookimpl(tryfirst=True)  # first: what the suite is for, before tfmem's own sections
