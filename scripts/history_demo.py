@@ -48,6 +48,13 @@ def test_blip():
 def test_flat():
     hold({flat})
 """
+STEP_AT, BLIP_AT, COMMITS = 6, 4, 12
+
+
+def suite_at(number: int, rng: random.Random) -> str:
+    """The suite at commit ``number`` (0 to ``COMMITS - 1``); ``rng`` gives the flat test its noise."""
+    return SUITE.format(step=40 if number < STEP_AT else 80, ramp=30 * 1.04**number,
+                        blip=90 if number == BLIP_AT else 45, flat=50 + rng.uniform(0, 0.5))
 
 
 def run(command: list[str], folder: Path) -> str:
@@ -59,13 +66,11 @@ def record(folder: Path) -> None:
     for command in (["init", "-q"], ["config", "user.email", "ci@example.com"], ["config", "user.name", "CI"]):
         run(["git", *command], folder)
     rng = random.Random(3)
-    for number in range(12):
-        sizes = {"step": 40 if number < 6 else 80, "ramp": 30 * 1.04**number,
-                 "blip": 90 if number == 4 else 45, "flat": 50 + rng.uniform(0, 0.5)}
-        (folder / "test_suite.py").write_text(SUITE.format(**sizes))
+    for number in range(COMMITS):
+        (folder / "test_suite.py").write_text(suite_at(number, rng))
         run(["git", "add", "test_suite.py"], folder)
         run(["git", "commit", "-qm", f"commit {number}"], folder)
-        if number != 6:  # not measured: the step lies in a range
+        if number != STEP_AT:  # not measured: the step lies in a range
             run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                  "--tfmem-history=memory-history.jsonl"], folder)
 

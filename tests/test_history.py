@@ -19,6 +19,12 @@ from pytest_tfmem.gates.history_page import sparkline
 from pytest_tfmem.gates.steps import Point, creep, creep_since_last_step, steps
 from pytest_tfmem.gates.tolerance import parse_tolerance
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+if str(REPOSITORY) not in sys.path:  # scripts/ sits beside the package, it is not installed
+    sys.path.insert(0, str(REPOSITORY))
+
+from scripts.history_demo import COMMITS, STEP_AT, suite_at  # noqa: E402
+
 pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
 
 MIB = 2**20
@@ -83,29 +89,7 @@ def test_a_sparkline_runs_from_the_lowest_to_the_highest():
     assert sparkline([5, 5]) == "▁▁"
 
 
-# Real sessions in a real repository
-
-
-SUITE = """
-import numpy as np
-
-def hold(megabytes):
-    block = np.ones(int(megabytes * 2**20) // 8)
-    block += 1
-
-def test_step():
-    hold({step})
-
-def test_ramp():
-    hold({ramp})
-
-def test_blip():
-    hold({blip})
-
-def test_flat():
-    hold({flat})
-"""
-STEP_AT, BLIP_AT, COMMITS = 6, 4, 12
+# Real sessions in a real repository: the suite and its commits are those docs/history.md's demo records
 
 
 class Repository:
@@ -123,13 +107,7 @@ class Repository:
         return done.stdout.strip()
 
     def commit(self, number: int, rng: random.Random) -> str:
-        sizes = {
-            "step": 40 if number < STEP_AT else 80,
-            "ramp": 30 * 1.04**number,
-            "blip": 90 if number == BLIP_AT else 45,
-            "flat": 50 + rng.uniform(0, 0.5),
-        }
-        (self.folder / "test_suite.py").write_text(SUITE.format(**sizes))
+        (self.folder / "test_suite.py").write_text(suite_at(number, rng))
         self.git("add", "test_suite.py")
         self.git("commit", "-qm", f"commit {number}")
         self.commits.append(self.git("rev-parse", "HEAD"))
