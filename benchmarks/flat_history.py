@@ -3,10 +3,12 @@
     python -m benchmarks.flat_history [--commits 10] [--output docs/history.md] [--keep HISTORY]
 
 In a fresh git repository: ``benchmarks/workloads/small_keras.py`` (small Keras tests on
-TensorFlow) and ``test_batch.py`` (a test that holds one batch of data, 40 MiB) are committed
-``--commits`` times with no change to the code, each commit measured once with
-``--tfmem-history`` in a random order (pytest-randomly, one seed a commit) and with the gate the
-docs suggest (``--tfmem-history-gate=25%``). Then the batch grows by half (a real +50% step in one
+TensorFlow), Keras's own ``dense_test``, ``embedding_test``, ``sequential_test``,
+``functional_test`` and ``early_stopping_test`` (copied from the installed Keras) and
+``test_batch.py`` (a test that holds one batch of data, 40 MiB) are committed ``--commits`` times
+with no change to the code, each commit measured once with ``--tfmem-history`` in a random order
+(pytest-randomly, one seed a commit) and with the gate the docs suggest
+(``--tfmem-history-gate=25%``). Then the batch grows by half (a real +50% step in one
 test) and two more commits are measured the same way. Printed: what ``tfmem history`` names over
 the flat commits and over them all, and each session's gate verdicts. ``--keep`` copies the
 history written (``tests/data/flat-history.jsonl`` is one, which ``tests/test_history_robust.py``
@@ -27,8 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks import machine
+from benchmarks.order_spread import KERAS_OWN, KERAS_TESTS
 
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "small_keras.py"
+KERAS_MODULES = [Path(module).name for module in KERAS_OWN]  # copied in: node ids of the repository's own
 GATE = "25%"
 BATCH = '''import numpy as np
 
@@ -59,7 +63,7 @@ def commit(directory: Path, number: int, rows: int) -> None:
 def measure(directory: Path, seed: int, history: Path) -> tuple[int, list[str]]:
     """One session; its exit code and its gate's failure lines."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "small_keras.py", "test_batch.py", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "small_keras.py", *KERAS_MODULES, "test_batch.py", "-p", "no:cacheprovider",
          f"--randomly-seed={seed}", f"--tfmem-history={history}", f"--tfmem-history-gate={GATE}", "-q"],
         cwd=directory, capture_output=True, text=True, env={**os.environ, **ENVIRONMENT}, timeout=900,
     )
@@ -83,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tfmem-flat-") as scratch:
         directory = Path(scratch)
         shutil.copy(WORKLOAD, directory / WORKLOAD.name)
+        for module in KERAS_OWN:
+            shutil.copy(KERAS_TESTS / module, directory / Path(module).name)
         (directory / "pytest.ini").write_text("[pytest]\n")
         history = directory / "memory-history.jsonl"
         git(directory, "init", "-q")
@@ -103,8 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [
         machine.written_by("-m benchmarks.flat_history", argv) + f"; took {minutes:.1f} min.",
         "",
-        f"{args.commits} commits of unchanged code (`small_keras.py` on TensorFlow and `test_batch.py`, which "
-        f"holds a 40 MiB batch), each measured once in its own random order, with `--tfmem-history-gate={GATE}`; "
+        f"{args.commits} commits of unchanged code (`small_keras.py` on TensorFlow, Keras's own "
+        f"{', '.join(f'`{name}`' for name in KERAS_MODULES)}, and `test_batch.py`, which holds a 40 MiB batch), "
+        f"each measured once in its own random order, with `--tfmem-history-gate={GATE}`; "
         "then the batch grows by half in two more commits. Each session's gate:",
         "",
         "| commit | code | exit | gate failures |",

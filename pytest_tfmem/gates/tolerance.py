@@ -19,9 +19,10 @@ TOLERANCE_FORMS = (
 )
 DEFAULT_TOLERANCE = "10%+16MB"
 # The smallest change across a memory history that counts as a step or creep (``tfmem history
-# --min-step``), and the least a history gate allows: small Keras tests still move by 2-3 MiB with
-# the order they run in (docs/measurement.md, "Order"), so a change needs 4 MB and 5% of the level.
-DEFAULT_MIN_STEP = "5%+4MB"
+# --min-step``), and the least a history gate allows: small Keras tests still move with the order
+# they run in, Keras's own by up to 8-9 MiB (docs/measurement.md, "Order"; benchmarks/flat_history.py),
+# so a change needs 10 MB and 5% of the level.
+DEFAULT_MIN_STEP = "5%+10MB"
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)\s*%$")
 _NUMBER = re.compile(r"^[\d.]+$")  # no unit: ambiguous
 
