@@ -222,7 +222,7 @@ def test_the_gate_fails_a_test_crept_past_its_best_level_and_counts_a_step_that_
     block = done.stdout.split("_ test_ramp _", 1)[1]
     best = repository.commits[0][:7]
     assert re.search(rf"vs its best level in the memory history, (29|30)\.\d MiB at {best} 11 commit\(s\) ago "
-                     r"\(\+5\d\.\d%, > 20%, and at least 11\.\d MiB \(the series' noise, 5%\+10MB\)\): "
+                     r"\(\+5\d\.\d%, > 20%, and at least 11\.\d MiB, the history's floor, 5%\+10MB\): "
                      r"it rose most at \w{7} \(\+\d\.\d%\)", block), block
     # 80 MiB against 40 MiB before its step, but the step held for commits: 80 MiB is its level now
     assert "FAILED test_suite.py::test_step" not in done.stdout

@@ -199,6 +199,24 @@ def test_the_gate_and_the_record_are_independent_and_a_test_meant_to_grow_fails_
     assert re.search(r"step \+\d+\.\d MiB \(\+\d+\.\d%\) at \w{7}: (39|40)\.\d MiB -> (79|80)\.\d MiB", steps.stdout), steps.stdout
 
 
+def test_a_gate_failure_says_whether_the_floor_or_the_series_noise_set_its_limit(repository: Repository):
+    repository.commit(grows=40)
+    assert repository.session("-k", "steady or grows").returncode == 0
+    path = repository.folder / "history.jsonl"
+    (recorded,) = history.read_history(path).entries
+    for number, peaks in enumerate(((40, 40, 56), (40,))):  # a later commit measured three times: its spread
+        commit = history.Commit(f"{number + 1:x}" * 40, None, "main", f"2026-12-01T00:0{number}:00+00:00", False)
+        for index, peak in enumerate(peaks):
+            history.append_entry(path, history.session_entry(
+                commit, recorded.environment, f"noisy-{number}-{index}",
+                {"test_module.py::test_grows": (peak * MIB, None, {})}))
+    repository.commit(grows=80)
+    done = repository.session("-k", "grows", "--tfmem-history-gate=25%")
+    assert done.returncode == 1, done.stdout
+    # the samples 40, 40 and 56 MiB: a spread of 8 MiB, four times that allowed
+    assert re.search(r"\(\+\d+\.\d%, > 25%, and at least 32\.0 MiB, 4 times the series' noise\)", done.stdout), done.stdout
+
+
 def test_the_gate_never_breaks_a_session_whatever_the_history_holds(repository: Repository):
     repository.commit()
     for _ in range(3):

@@ -31,7 +31,7 @@ from pytest_tfmem.gates.history import (
     session_entry,
 )
 from pytest_tfmem.gates.history_page import sparkline
-from pytest_tfmem.gates.steps import Point, creep, gate, short, steps
+from pytest_tfmem.gates.steps import NOISE_FACTOR, Point, creep, gate, short, steps
 from pytest_tfmem.gates.tolerance import DEFAULT_MIN_STEP, TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import format_size
 
@@ -139,9 +139,11 @@ class MemoryHistory:
         if gated is None:
             return None
         found, allowance = gated
-        noisy = allowance > self.gate.allowance(int(found.best))
-        limit = f"{self.gate}, and at least {format_size(int(allowance))} (the series' noise, {MIN_STEP})" if noisy \
-            else str(self.gate)
+        limit = str(self.gate)
+        if allowance > self.gate.allowance(int(found.best)):  # a step's size decides, not the gate's tolerance
+            floor = allowance <= MIN_STEP.allowance(int(found.best))
+            why = f"the history's floor, {MIN_STEP}" if floor else f"{NOISE_FACTOR:g} times the series' noise"
+            limit += f", and at least {format_size(int(allowance))}, {why}"
         message = (
             f"peak {format_size(record.measurement.peak)} vs its best level in the memory history, "
             f"{format_size(int(found.best))} at {short(found.best_commit)} {found.commits} commit(s) ago "
