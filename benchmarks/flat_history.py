@@ -32,7 +32,8 @@ from benchmarks import machine
 from benchmarks.order_spread import KERAS_OWN, KERAS_TESTS
 
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "small_keras.py"
-KERAS_MODULES = [Path(module).name for module in KERAS_OWN]  # copied in: node ids of the repository's own
+# Keras's own modules are copied into the repository by these names, so that their node ids are its own
+KERAS_MODULES = [Path(module).name for module in KERAS_OWN]
 GATE = "25%"
 BATCH = '''import numpy as np
 
@@ -87,8 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tfmem-flat-") as scratch:
         directory = Path(scratch)
         shutil.copy(WORKLOAD, directory / WORKLOAD.name)
-        for module in KERAS_OWN:
-            shutil.copy(KERAS_TESTS / module, directory / Path(module).name)
+        for module, name in zip(KERAS_OWN, KERAS_MODULES):
+            shutil.copy(KERAS_TESTS / module, directory / name)
         (directory / "pytest.ini").write_text("[pytest]\n")
         history = directory / "memory-history.jsonl"
         git(directory, "init", "-q")
