@@ -55,12 +55,25 @@ def pytest_tfmem_check_retained(item: pytest.Item, record: TestRecord) -> Verdic
 
 
 @pytest.hookspec
+def pytest_tfmem_departure(item: pytest.Item, record: TestRecord) -> str | None:
+    """Return why the test's figure should be measured again before it is kept (it lies above the
+    test's recorded level by more than the floor: ``above its level in the memory history``), or
+    ``None``.
+
+    When: right after the checks, for a test that passed them, and again on the re-run's figure:
+    where that departs too, the figure stands (``core.confirm``). Implemented by: gates (the
+    memory history, the baseline a session compares with or merges into).
+    """
+
+
+@pytest.hookspec
 def pytest_tfmem_rerun_wanted(item: pytest.Item, record: TestRecord) -> RerunUse | None:
     """The test failed a tfmem check: return a ``RerunUse`` to take part in one re-run of its
     body (what it gives, the context it sets up around the body), or ``None``.
 
     When: right after the failed checks, before teardown. The body runs again at most once,
-    however many features ask, inside every use's ``around`` (see ``core.rerun.RerunUse``).
+    however many features ask, inside every use's ``around`` (see ``core.rerun.RerunUse``); the
+    same re-run confirms the failure or overturns it (``core.confirm``).
     Implemented by: trace (the TensorBoard trace), explain (the memory-by-line table).
     """
 

@@ -222,7 +222,8 @@ def test_the_failure_shows_its_figures_first_and_ends_pointing_at_what_they_coun
     summary = next(line for line in result.outlines if line.startswith("FAILED "))
     assert summary[:80].startswith("FAILED test_one.py::test_spike - tfmem: peak 28")  # no exception path first
     block = result.stdout.str().split("_ test_spike _")[1].splitlines()
-    assert block[1].startswith("tfmem: peak 28") and block[2] == FIGURES_HELP
+    assert block[1].startswith("tfmem: peak 28") and block[3] == FIGURES_HELP
+    assert block[2].startswith("tfmem: reproduced by a re-run in the same process: first run 28")  # both runs' figures
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     table = readme.split("### What each figure counts", 1)[1].split("\n## ", 1)[0]
     for figure in ("`--tfmem-budget`", "`kill_at`", "`--tfmem-session-limit`", "`tfmem run --budget`",

@@ -96,11 +96,13 @@ def test_only_memory_failures_rerun_and_trace_and_explain_share_one_rerun(
     assert "trace" not in never.extra and "explain" not in never.extra
     assert never.notes == [
         "not re-run, so no TensorBoard trace and no memory-by-line table: "
-        "re-runs are off for this test (tfmem(rerun=False))"
+        "re-runs are off for this test (tfmem(rerun=False))",
+        "the verdict is the first run's, not confirmed by a re-run: re-runs are off for this test (tfmem(rerun=False))",
     ]
     result.stdout.fnmatch_lines([
         "*test_over_budget_never_twice*over budget",
         "not re-run, so no TensorBoard trace and no memory-by-line table: re-runs are off for this test (tfmem(rerun=False))",
+        "the verdict is the first run's, not confirmed by a re-run: re-runs are off for this test (tfmem(rerun=False))",
     ])
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from pytest_tfmem import frameworks, hookspecs, platforms
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
+from pytest_tfmem.core.confirm import FIGURE_CHECKS, Confirmation, confirmable
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers
@@ -38,7 +40,7 @@ from pytest_tfmem.core.rerun import (
     rerun_test_body,
     separate_output,
 )
-from pytest_tfmem.core.retained import Boundary
+from pytest_tfmem.core.retained import RERUN, RERUN_BOOKING, Booking, Boundary, Level, current_level
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
@@ -381,7 +383,10 @@ class TfmemManager:
     def fail_if_needed(self, record: TestRecord) -> None:
         failed = record.failed_verdicts
         if failed:
-            raise failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
+            lines = [f"tfmem: {v.message}" for v in failed]
+            if record.confirmation is not None:  # both runs' figures
+                lines.append(f"tfmem: {record.confirmation.reproduced_line()}")
+            raise failure_for(failed[0].check, "\n".join(lines))
 
     @pytest.hookimpl
     def pytest_report_header(self) -> list[str]:
@@ -471,7 +476,7 @@ class TfmemManager:
             yield
             return
         self.prepare_and_warm_up(item)
-        monitor = Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
+        monitor = self._new_monitor()
         item.stash[MONITOR] = monitor
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
             del item.stash[RECORD]
@@ -490,42 +495,110 @@ class TfmemManager:
         self, item: pytest.Item, monitor: Monitor, imports: int, error: BaseException | None
     ) -> TestRecord:
         """Close the window (with the first imports it left out), check the figures; after a
-        memory failure, the one re-run."""
+        memory failure, or a figure far above the test's recorded level, the one re-run."""
         del item.stash[MONITOR]
         subtests = self.subtests.end(item.nodeid)
         measurement = dataclasses.replace(monitor.stop(), first_imports=self.imports.since(imports))
         record = self.finish(item, measurement, error, subtests)
         # A re-run of a test pytest-timeout stopped would run without its timer: it could hang.
         interrupted = isinstance(error, (KeyboardInterrupt, pytest.exit.Exception)) or timeout_note(error) is not None
-        if record.failed_verdicts and not interrupted:
-            self.rerun_after_memory_failure(item, record)
+        if not interrupted:
+            self.rerun_to_confirm(item, record, error)
         return record
 
-    def rerun_after_memory_failure(self, item: pytest.Item, record: TestRecord) -> None:
-        """Run the body once more for every feature that asked (trace, explain), or say why not."""
-        uses: list[RerunUse] = self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record)
-        if not uses:
+    def _collected_level(self) -> Level:
+        """The process once its garbage is collected (as a window's start collects it) and freed
+        heap handed back: what a re-run kept is the difference of two such levels."""
+        host.release_freed_memory(self.collector.collect)
+        return current_level()
+
+    def _new_monitor(self) -> Monitor:
+        """A test's window: garbage collected first, host and TensorFlow memory sampled together too."""
+        return Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
+
+    def rerun_to_confirm(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> None:
+        """Run the body once more where a verdict on the test's figures must reproduce to stand, or
+        its figure departs from its recorded level (``core.confirm``); the features that asked
+        (trace, explain) take part in that one re-run after a failure. Or say why it did not run."""
+        failed = record.failed_verdicts
+        # Only a test that would pass but for its figures has a verdict a second figure can change.
+        to_confirm = bool(failed) and error is None and confirmable(failed)
+        departures: list[str] = []
+        if not failed and error is None:
+            departures = [why for why in self.config.hook.pytest_tfmem_departure(item=item, record=record) if why]
+        uses: list[RerunUse] = self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record) if failed else []
+        if not (uses or to_confirm or departures):
             return
-        wanted = tuple(use.gives for use in uses)
         earlier = self.first_reruns.earlier(item.nodeid)
-        if earlier is not None:
+        if earlier is not None and failed:  # pytest-rerunfailures' later attempt: itself a second run
             record.extra.update(earlier)
-            shown = " and the ".join(wanted)
-            record.notes.append(
-                f"not re-run again: the {shown} below {'are' if len(wanted) > 1 else 'is'} from its first "
-                "memory failure, in an earlier attempt (pytest-rerunfailures)"
-            )
+            if uses:
+                shown = " and the ".join(use.gives for use in uses)
+                record.notes.append(
+                    f"not re-run again: the {shown} below {'are' if len(uses) > 1 else 'is'} from its first "
+                    "memory failure, in an earlier attempt (pytest-rerunfailures)"
+                )
+            if to_confirm:
+                record.notes.append("the verdict stands unconfirmed: an earlier attempt ran the test already "
+                                    "(pytest-rerunfailures)")
             publish(item, record)
             return
         extra_before = dict(record.extra)
         refusal = rerun_refusal(item, item.stash.get(ARGUMENTS, {}).get(RERUN_KEYWORD, True))
         if refusal is not None:
-            record.notes.append(f"not re-run, so no {' and no '.join(wanted)}: {refusal}")
-        else:
-            with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
-                self._rerun(item, Rerun(tuple(uses)))
-            self.first_reruns.remember(item.nodeid, extra_before, record.extra)
+            if uses:
+                record.notes.append(f"not re-run, so no {' and no '.join(use.gives for use in uses)}: {refusal}")
+            if to_confirm:
+                record.notes.append(f"the verdict is the first run's, not confirmed by a re-run: {refusal}")
+            if departures:
+                record.notes.append(f"its figure is kept unconfirmed ({'; '.join(departures)}): {refusal}")
+            publish(item, record)
+            return
+        rerun = Rerun(tuple(uses))
+        books = processes.keeps_books(self.config)
+        if books:  # a full collection now: one the re-run's growth makes due would free older garbage too
+            self.collector.collect_full() if self.collector.freezing else gc.collect()
+        before = self._collected_level() if books else None
+        with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
+            self._rerun(item, rerun)
+        if before is not None:  # what the second run kept is booked apart from the test's retained figure
+            after = self._collected_level()
+            item.stash[RERUN_BOOKING] = Booking.between(RERUN, "tfmem's re-run", f"of {item.nodeid}", before, after)
+        self.first_reruns.remember(item.nodeid, extra_before, record.extra)
+        result = rerun.result
+        if to_confirm or departures:
+            if result is None or result.error is not None:
+                why = f"it raised {result.error.splitlines()[0][:200]}" if result and result.error else "it did not run"
+                record.notes.append(f"the first run's figure stands, unconfirmed: its re-run in the same process {why}")
+            else:
+                self._judge_rerun(item, record, result.measurement, tuple(departures))
         publish(item, record)
+
+    def _judge_rerun(
+        self, item: pytest.Item, record: TestRecord, again: Measurement, departures: tuple[str, ...]
+    ) -> None:
+        """The verdict from the two runs: the re-run's where it passes (what the first run took
+        beyond it booked as a one-time cost), the first's where the re-run fails too, with both
+        figures. The record keeps the lower run's figure."""
+        first = record.measurement
+        assert first is not None
+        rerun_record = TestRecord(item.nodeid, again, budget=record.budget, subtests=record.subtests)
+        if departures:
+            asked_by = departures
+            reproduced = any(self.config.hook.pytest_tfmem_departure(item=item, record=rerun_record))
+        else:
+            asked_by = tuple(verdict.check for verdict in record.failed_verdicts)
+            verdicts = [check_budget(again, record.budget)]
+            verdicts += self.config.hook.pytest_tfmem_check(item=item, record=rerun_record, error=None)
+            rerun_verdicts = {v.check: v for v in verdicts if v is not None and v.check in FIGURE_CHECKS}
+            reproduced = any(not verdict.ok for verdict in rerun_verdicts.values())
+            if not reproduced:
+                record.verdicts = [rerun_verdicts.get(verdict.check, verdict) for verdict in record.verdicts]
+                record.extra.update(rerun_record.extra)
+        record.confirmation = Confirmation(first.peak, again.peak, asked_by, reproduced)
+        if again.peak <= first.peak:
+            record.measurement = dataclasses.replace(again, first_imports=first.first_imports)
+        record.notes.append(record.confirmation.note())
 
     def _rerun(self, item: pytest.Item, rerun: Rerun) -> None:
         """The body once more, inside every use's set-up in ``Step`` order; its output is kept
@@ -538,7 +611,7 @@ class TfmemManager:
                 stack.callback(item.stash.__delitem__, PROFILER_IN_USE)
             for use in sorted(rerun.uses, key=lambda use: use.step):
                 stack.enter_context(use.around(rerun))
-            rerun.result = rerun_test_body(item, MONITOR, self.trackers())
+            rerun.result = rerun_test_body(item, MONITOR, self._new_monitor())
             rerun.output = read_output(item)
 
     @pytest.hookimpl(optionalhook=True)

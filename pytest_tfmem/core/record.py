@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from pytest_tfmem.core.attempts import attempts_before
+from pytest_tfmem.core.confirm import Confirmation, OneTimeCost
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.retained import Retained, SessionAccount
 from pytest_tfmem.core.subtests import SubtestFigure, subtest_description
@@ -50,6 +51,8 @@ class TestRecord:
     # The class of the exception that ended the call phase, where one did (``ValueError``, or a
     # tfmem check's failure raised in the body: ``LeakDetected``).
     raised: str | None = None
+    # The re-run that confirmed or overturned its first verdict (``core.confirm``), where one ran.
+    confirmation: Confirmation | None = None
 
     @property
     def gpu_need(self) -> int | None:
@@ -98,6 +101,7 @@ class TestRecord:
             "subtests": [subtest.to_dict() for subtest in self.subtests],
             "reruns": self.reruns,
             "raised": self.raised,
+            "confirmation": self.confirmation.to_dict() if self.confirmation is not None else None,
             **retained,
         }
 
@@ -117,6 +121,7 @@ class TestRecord:
             reruns=data.get("reruns", 0),
             retained=Retained.from_dict(data["retained"]) if data.get("retained") else None,
             raised=data.get("raised"),
+            confirmation=Confirmation.from_dict(data["confirmation"]) if data.get("confirmation") else None,
         )
 
     def user_properties(self) -> list[tuple[str, object]]:
@@ -211,6 +216,9 @@ class RetainedFigures:
     def add(self, record: TestRecord) -> None:
         if record.retained is not None:
             self.books.add(record.nodeid, record.retained)
+        if record.confirmation is not None:
+            worker = record.retained.worker if record.retained is not None else None
+            self.books.one_time.add(OneTimeCost(record.nodeid, worker, record.confirmation))
 
     def account(self) -> SessionAccount:
         return self.books

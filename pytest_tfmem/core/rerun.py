@@ -1,9 +1,12 @@
 """Run a test's body once more, in the same process, after it failed a tfmem memory check.
 
-Used to look at a memory failure with tools too costly to run on every test (TensorFlow's
-profiler, the line tracer). Only a tfmem verdict (budget, leak, baseline, GPU budget, device
-out of memory) leads to a re-run, never an ordinary failure, and the body runs again at most
-once however many features asked for it (each with a ``RerunUse``, from ``pytest_tfmem_rerun_wanted``).
+Used to confirm a verdict on a test's figures before it stands (``core.confirm``: a first run
+that paid one-time costs of the process is told apart from a test's own need), and to look at a
+memory failure with tools too costly to run on every test (TensorFlow's profiler, the line
+tracer). Only a tfmem verdict (budget, leak, baseline, history, GPU budget, device out of memory)
+or a figure far above the test's recorded level leads to a re-run, never an ordinary failure, and
+the body runs again at most once however many features asked for it (each with a ``RerunUse``,
+from ``pytest_tfmem_rerun_wanted``).
 What the second run shares with the first, and why that is the safer choice:
 
 - the same fixture values: fixtures are not set up again (no second database, download or
@@ -16,7 +19,8 @@ What the second run shares with the first, and why that is the safer choice:
 - it runs before teardown, inside pytest's output capture. The second run's output is kept
   apart from the first run's, which stays the test's captured output.
 
-The second run never changes the test's outcome: its exception is caught and described.
+The second run's exception is caught and described: a re-run that raised confirms nothing, and
+the first run's verdict stands.
 A test whose body must not run twice opts out with ``@pytest.mark.tfmem(rerun=False)``; its
 report then says what was skipped and why.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 import unittest
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
@@ -33,7 +37,7 @@ import pytest
 
 from pytest_tfmem.core import pytest_internals
 from pytest_tfmem.core.features import Step
-from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker
+from pytest_tfmem.core.measure import Measurement, Monitor
 from pytest_tfmem.core.subtests import for_rerun
 
 RERUN_KEYWORD = "rerun"  # tfmem(rerun=False) forbids re-runs of a test
@@ -128,13 +132,10 @@ def _run_unittest_method(item: pytest.Function) -> str | None:
     return None
 
 
-def rerun_test_body(
-    item: pytest.Function, monitor_key: pytest.StashKey[Monitor], trackers: Sequence[PeakTracker] = ()
-) -> RerunResult:
-    """Run the test's body again, measured by a fresh ``Monitor`` over ``trackers`` too (kept
-    in the item's stash under ``monitor_key`` meanwhile, so ``tfmem.peak()`` works in the
-    second run too)."""
-    monitor = Monitor(trackers=trackers)
+def rerun_test_body(item: pytest.Function, monitor_key: pytest.StashKey[Monitor], monitor: Monitor) -> RerunResult:
+    """Run the test's body again, measured by ``monitor`` (a fresh one, made as the first run's
+    was, so that the two figures compare; kept in the item's stash under ``monitor_key``
+    meanwhile, so ``tfmem.peak()`` works in the second run too)."""
     item.stash[monitor_key] = monitor
     error = None
     monitor.start()

@@ -25,11 +25,17 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pytest
+
 from pytest_tfmem.core import measure
+from pytest_tfmem.core.confirm import OneTimeCosts
 from pytest_tfmem.probes import children, host
 from pytest_tfmem.units import format_size
 
 TEST, FIXTURE, IMPORT, RUNTIME, FIRST_USE = "test", "fixture", "first import", "runtime", "first use"
+RERUN = "re-run"  # what a test's body kept when tfmem ran it a second time (``core.confirm``)
+# On a test's item: its re-run's booking, which the session's books take out of its retained figure.
+RERUN_BOOKING = pytest.StashKey["Booking"]()
 NOTABLE_RETAINER = 2**20  # a retainer that left (or held) less is not listed among the top
 
 
@@ -130,7 +136,7 @@ def read_collected_level() -> Level:
 @dataclass(frozen=True)
 class Booking:
     """A change of the level inside a test's span that is not the test's: ``kind`` (``FIXTURE``,
-    ``IMPORT``, ``RUNTIME``, ``FIRST_USE``), ``name`` (``big_table (module scope)``, ``tensorflow``,
+    ``IMPORT``, ``RUNTIME``, ``FIRST_USE``, ``RERUN``), ``name`` (``big_table (module scope)``, ``tensorflow``,
     ``Keras's first use``), ``detail`` (``setup``, ``teardown``)."""
 
     kind: str
@@ -242,6 +248,12 @@ class Retainer:
         return max(self.bytes, self.held or 0)
 
 
+def _share(explained: int, growth: int) -> float | None:
+    """The share of ``growth`` that ``explained`` accounts for, at most all of it: what was freed
+    between tests (``between_tests`` below zero) makes the parts add up to more than the growth."""
+    return None if growth <= 0 else min(explained, growth) / growth
+
+
 def _heaviest_first(retainer: Retainer) -> tuple[int, str]:
     return -retainer.weight, retainer.name
 
@@ -335,7 +347,12 @@ class ProcessAccount:
 
     @property
     def explained_share(self) -> float | None:
-        return None if self.growth <= 0 else self.explained / self.growth
+        return _share(self.explained, self.growth)
+
+    @property
+    def has_pool(self) -> bool:
+        """TensorFlow's CPU allocator was read in this process (a pool exists to account for)."""
+        return self.end.tf_pool > 0 or self.start.tf_pool > 0
 
     @property
     def cleared(self) -> int | None:
@@ -356,14 +373,14 @@ class ProcessAccount:
             left = sum(b.bytes for b in bookings)
             what = f"held {format_size(held, signed=True)} from its setup to its teardown"
             found.append(Retainer(FIXTURE, name, left, what, held, self.worker))
-        for kind in (IMPORT, RUNTIME, FIRST_USE):
+        for kind in (IMPORT, RUNTIME, FIRST_USE, RERUN):
             found += [Retainer(kind, b.name, b.bytes, b.detail, worker=self.worker) for _, b in self.bookings(kind)]
         return sorted(found, key=_heaviest_first)
 
     def to_dict(self) -> dict[str, Any]:
-        fixtures, imports, runtime, first_use = (
+        fixtures, imports, runtime, first_use, reruns = (
             [{"test": nodeid, **asdict(b), "bytes": b.bytes} for nodeid, b in self.bookings(kind)]
-            for kind in (FIXTURE, IMPORT, RUNTIME, FIRST_USE)
+            for kind in (FIXTURE, IMPORT, RUNTIME, FIRST_USE, RERUN)
         )
         return {
             "worker": self.worker,
@@ -378,6 +395,7 @@ class ProcessAccount:
             "imports": imports,
             "runtime": runtime,
             "first_use": first_use,
+            "reruns": reruns,
             "tf_pool_free_growth_bytes": self.pool_free_growth,
             "between_tests_bytes": self.between_tests,
             "explained_bytes": self.explained,
@@ -392,6 +410,7 @@ class SessionAccount:
 
     def __init__(self) -> None:
         self._by_worker: dict[str | None, ProcessAccount] = {}
+        self.one_time = OneTimeCosts()  # what re-runs told apart from the tests' own need (``core.confirm``)
 
     def add(self, nodeid: str, retained: Retained) -> None:
         process = self._by_worker.get(retained.worker)
@@ -413,8 +432,7 @@ class SessionAccount:
 
     @property
     def explained_share(self) -> float | None:
-        growth = self.growth
-        return None if growth <= 0 else self.total(lambda p: p.explained) / growth
+        return _share(self.total(lambda p: p.explained), self.growth)
 
     @property
     def cleared(self) -> int | None:
@@ -435,6 +453,7 @@ class SessionAccount:
         if not self.processes:
             return None
         return {
+            "one_time_costs": self.one_time.to_dict(),
             "start_bytes": self.total(lambda p: p.start.total),
             "end_bytes": self.total(lambda p: p.end.total),
             "growth_bytes": self.growth,
@@ -443,6 +462,7 @@ class SessionAccount:
             "imports_bytes": self.total(lambda p: p.booked_bytes(IMPORT)),
             "runtime_bytes": self.total(lambda p: p.booked_bytes(RUNTIME)),
             "first_use_bytes": self.total(lambda p: p.booked_bytes(FIRST_USE)),
+            "reruns_bytes": self.total(lambda p: p.booked_bytes(RERUN)),
             "tf_pool_free_growth_bytes": self.total(lambda p: p.pool_free_growth),
             "between_tests_bytes": self.total(lambda p: p.between_tests),
             "explained_share": self.explained_share,

@@ -8,6 +8,7 @@ Markdown's sparklines, read the history once, for this session's environment onl
 from __future__ import annotations
 
 import collections
+import statistics
 from collections.abc import Iterable
 
 import pytest
@@ -31,7 +32,7 @@ from pytest_tfmem.gates.history import (
     session_entry,
 )
 from pytest_tfmem.gates.history_page import sparkline
-from pytest_tfmem.gates.steps import NOISE_FACTOR, Point, creep, gate, short, steps
+from pytest_tfmem.gates.steps import NOISE_FACTOR, Point, creep, gate, noise, short, steps, threshold
 from pytest_tfmem.gates.tolerance import DEFAULT_MIN_STEP, TOLERANCE_FORMS, Tolerance, parse_tolerance
 from pytest_tfmem.units import format_size
 
@@ -63,6 +64,8 @@ MIN_STEP = parse_tolerance(DEFAULT_MIN_STEP)
 SPARK_POINTS = 20
 # Lines read back per commit of the window: a commit measured by several shards, or again, has more.
 LINES_PER_COMMIT = 4
+# A test's recent level, which a figure must not leave unconfirmed: the median of its last commits.
+LEVEL_POINTS = 3
 
 
 class MemoryHistory:
@@ -153,6 +156,21 @@ class MemoryHistory:
             rises = ", ".join(f"{short(commit)} (+{share:.1%})" for commit, _, share in found.rises[:3])
             message += f": it rose most at {rises}"
         return Verdict(CHECK, found.change <= allowance, message)
+
+    @pytest.hookimpl
+    def pytest_tfmem_departure(self, item: pytest.Item, record: TestRecord) -> str | None:
+        """A peak above the test's recent level in the history (the median of its last
+        ``LEVEL_POINTS`` commits) by more than a step (the series' noise, the floor) is measured
+        again before it is recorded: a one-time cost of the process is no step or creep."""
+        past = self.past().get(record.nodeid) if self.active else None
+        if past is None or not past.points or record.measurement is None:
+            return None
+        recent = past.points[-LEVEL_POINTS:]
+        level = statistics.median(point.value for point in recent)
+        if record.measurement.peak - level <= threshold(level, noise(past.points), MIN_STEP):
+            return None
+        peak = format_size(record.measurement.peak)
+        return f"{peak} above its level in the memory history, {format_size(int(level))}"
 
     def record(self, session: pytest.Session, records: Iterable[TestRecord], *, finished: bool) -> None:
         """Append this session's line: every test measured to its end (``measured_to_the_end``:

@@ -49,6 +49,7 @@ from pytest_tfmem.gates.reports import (
     write_report,
 )
 from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
+from pytest_tfmem.units import format_size
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 
@@ -137,10 +138,11 @@ class CiGates:
         paths = (self.baseline_path, self.save_path, self.report_path, self.markdown_path)
         self.active = self.github_summary or any(p is not None for p in paths)
         self.baseline = self._load(self.baseline_path, missing_ok=False)
-        # The file a save merges into: validated now, so a bad one stops the run before any test.
+        # The file a save merges into: validated now, so a bad one stops the run before any test
+        # (read by pytest-xdist's workers too: a figure far above its entry is measured again).
         self.save_into: Baseline | None = None
         writer = processes.role(config).writes_session_outputs  # xdist workers judge, they do not write
-        if self.save_path is not None and writer:
+        if self.save_path is not None:
             same = self.save_path == self.baseline_path
             self.save_into = self.baseline if same else self._load(self.save_path, missing_ok=True)
         self.environment_notes: list[str] = []
@@ -192,6 +194,19 @@ class CiGates:
         comparisons = compare(record.nodeid, record.measurement, self.baseline.tests.get(record.nodeid), tolerance)
         record.extra[SECTION] = record_section(comparisons, tolerance)
         return baseline_verdict(comparisons)
+
+    @pytest.hookimpl
+    def pytest_tfmem_departure(self, item: pytest.Item, record: TestRecord) -> str | None:
+        """A peak above the test's baseline entry (the one compared with, or the one a save merges
+        into) by more than the history's floor is measured again before it is compared or saved:
+        a one-time cost of the process is no baseline."""
+        recorded = self.baseline if self.baseline is not None else self.save_into
+        entry = recorded.tests.get(record.nodeid) if recorded is not None and self.unlike is None else None
+        if entry is None or record.measurement is None:
+            return None
+        if record.measurement.peak - entry.peak <= history_plugin.MIN_STEP.allowance(entry.peak):
+            return None
+        return f"{format_size(record.measurement.peak)} above its baseline entry, {format_size(entry.peak)}"
 
     @pytest.hookimpl
     def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:

@@ -68,9 +68,10 @@ class Point:
 
 @dataclass(frozen=True)
 class Step:
-    """A level change: from ``before`` to ``after`` (bytes, each the median of its level), first
-    seen at ``commit``; ``since`` is the last commit of the old level where commits between the two
-    were not measured (then the change lies in ``since..commit``)."""
+    """A level change, first seen at ``commit``: from ``before`` to ``after``, the two figures it
+    was tested on (bytes: the last point of the old level and the step's own point; so the change
+    printed is the one found larger than the threshold); ``since`` is the last commit of the old
+    level where commits between the two were not measured (then the change lies in ``since..commit``)."""
 
     commit: str
     before: float
@@ -193,7 +194,6 @@ def steps(points: Sequence[Point], min_step: Tolerance) -> list[Step]:
         return []
     spread = noise(points)
     found: list[Step] = []
-    level_start = 0  # first point of the current level
     previous = 0  # the last point that was not a blip
     index = 1
     while index < len(points):
@@ -215,17 +215,11 @@ def steps(points: Sequence[Point], min_step: Tolerance) -> list[Step]:
             previous = index  # no new level: the figure keeps moving (a ramp), not a step
             index += 1
             continue
-        old_level = _level(points, level_start, previous)
         since = points[previous].commit if points[index].parent not in (None, points[previous].commit) else None
-        found.append(Step(points[index].commit, old_level, 0.0, since, index))
-        level_start = previous = index
+        found.append(Step(points[index].commit, before, value, since, index))
+        previous = index
         index += 1
-    # each step's new level: the median of its points up to the next step
-    ends = [step.index for step in found[1:]] + [len(points)]
-    return [
-        Step(step.commit, step.before, _level(points, step.index, end - 1), step.since, step.index)
-        for step, end in zip(found, ends)
-    ]
+    return found
 
 
 def _trend(points: Sequence[Point], before: int, after: int) -> float:
@@ -235,10 +229,6 @@ def _trend(points: Sequence[Point], before: int, after: int) -> float:
     changes = [abs(values[i + 1] - values[i]) for i in range(max(0, before - TREND_POINTS), before)]
     changes += [abs(values[i + 1] - values[i]) for i in range(after, min(len(values) - 1, after + TREND_POINTS))]
     return float(statistics.median(changes)) if changes else 0.0
-
-
-def _level(points: Sequence[Point], first: int, last: int) -> float:
-    return float(statistics.median(point.value for point in points[first : last + 1]))
 
 
 def low_blips(points: Sequence[Point], min_step: Tolerance) -> set[int]:

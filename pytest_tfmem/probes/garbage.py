@@ -70,7 +70,7 @@ class Collector:
         if before_freeze is not None:
             before_freeze()
         if full:
-            self._collect_full()
+            self.collect_full()
             if full_by_growth:
                 given_back = rss - self._rss_after_full
                 live = given_back < grown / 2
@@ -91,7 +91,8 @@ class Collector:
         self.assume_full(ASSUMED_FULL_COST)
         self.young_collections += 1
 
-    def _collect_full(self) -> None:
+    def collect_full(self) -> None:
+        """Everything, frozen objects included, now (then frozen again)."""
         started = self._clock()
         gc.unfreeze()
         gc.collect()

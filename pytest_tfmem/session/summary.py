@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_tfmem.core.retained import FIRST_USE, FIXTURE, IMPORT, RUNTIME, ProcessAccount, SessionAccount
+from pytest_tfmem.core.confirm import OneTimeCosts
+from pytest_tfmem.core.retained import FIRST_USE, FIXTURE, IMPORT, RERUN, RUNTIME, ProcessAccount, SessionAccount
 from pytest_tfmem.units import format_size
 
 NOTABLE_GROWTH = 32 * 2**20  # a session that grew less is not worth a section
@@ -16,7 +17,9 @@ def _signed(size: int) -> str:
 def process_line(process: ProcessAccount) -> str:
     """``gw0: 601.0 MiB -> 848.0 MiB (+247.0 MiB) over 191 tests: tests +200.0 MiB, ...; 97% explained``."""
     parts = [f"tests {_signed(process.tests_bytes)}"]
-    for kind, label in ((FIXTURE, "fixtures"), (IMPORT, "first imports"), (RUNTIME, _runtime_label(process))):
+    kinds = ((FIXTURE, "fixtures"), (IMPORT, "first imports"), (RUNTIME, _runtime_label(process)),
+             (RERUN, "tfmem's re-runs"))
+    for kind, label in kinds:
         if process.bookings(kind):
             parts.append(f"{label} {_signed(process.booked_bytes(kind))}")
     first_uses: dict[str, int] = {}  # "Keras's first use": bytes, in the order they were paid
@@ -28,7 +31,8 @@ def process_line(process: ProcessAccount) -> str:
     if process.between_tests:
         parts.append(f"between measured tests {_signed(process.between_tests)}")
     share = process.explained_share
-    explained = f"; {100 * share:.0f}% explained by tests, fixtures, imports and the pool" if share is not None else ""
+    parts_named = "tests, fixtures, imports and the pool" if process.has_pool else "tests, fixtures and imports"
+    explained = f"; {100 * share:.0f}% explained by {parts_named}" if share is not None else ""
     who = f"{process.worker}: " if process.worker else "process "
     return (
         f"{who}{format_size(process.start.total)} -> {format_size(process.end.total)} ({_signed(process.growth)}) "
@@ -71,7 +75,19 @@ def account_lines(account: SessionAccount, *, always: bool = False, top: int = T
             lines.append("  after each test: " + ", ".join(account.cleared_by))
     if grew or always:
         lines += native_lines(account)
-    return lines
+    return lines + one_time_lines(account.one_time)
+
+
+def one_time_lines(costs: OneTimeCosts, top: int = TOP_RETAINERS) -> list[str]:
+    """The one-time costs re-runs told apart from the tests' own need (``core.confirm``), largest first."""
+    if not costs.count:
+        return []
+    lines = [
+        f"one-time costs of the process, told apart by re-runs: {format_size(costs.bytes, signed=True)} "
+        f"in {costs.count} test{'s' if costs.count != 1 else ''} (their first runs' peaks beyond their re-runs'; "
+        "not held to a budget: --tfmem-session-limit holds the process)"
+    ]
+    return lines + [f"  {cost.describe()}" for cost in costs.largest[:top]]
 
 
 def native_lines(account: SessionAccount) -> list[str]:

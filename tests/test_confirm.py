@@ -1,0 +1,201 @@
+"""A memory verdict stands only if it reproduces (``core.confirm``): a test whose first run paid
+a one-time cost of the process passes on its re-run, the cost is booked under it; a failure that
+reproduces names both runs' figures; a figure far above the test's recorded level (its memory
+history, its baseline entry) is measured again before it is kept.
+
+The suites here pay a one-time cost the way a real suite's first test of a kind does: a module
+cache filled on first use (60 MiB), kept for the process's life.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pytest_tfmem.core.retained import Level, ProcessAccount, Retained
+from pytest_tfmem.gates import history
+from pytest_tfmem.gates.environment import current_environment
+from pytest_tfmem.gates.steps import Point, steps
+from pytest_tfmem.gates.tolerance import parse_tolerance
+from pytest_tfmem.session.summary import process_line
+
+MIB = 2**20
+
+ONE_TIME = '''
+import os
+
+import numpy as np
+
+MIB = 2**20
+_cache = []
+
+
+def ran(name):
+    with open(os.path.join(os.environ["RUNS_DIR"], name), "a") as runs:
+        runs.write("ran\\n")
+
+
+def test_pays_once():
+    """A cache filled on first use: 60 MiB the first time, then 1 MiB of its own."""
+    ran("test_pays_once")
+    if not _cache:
+        _cache.append(np.ones(60 * MIB, dtype=np.uint8))
+    block = np.ones(MIB, dtype=np.uint8)
+    del block
+
+
+def test_needs_it_every_time():
+    ran("test_needs_it_every_time")
+    block = np.ones(80 * MIB, dtype=np.uint8)
+    del block
+'''
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "runs"
+    directory.mkdir()
+    monkeypatch.setenv("RUNS_DIR", str(directory))
+    return directory
+
+
+def runs(directory: Path, name: str) -> int:
+    path = directory / name
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def report_tests(path: Path) -> dict[str, dict]:
+    return {test["nodeid"].split("::")[-1]: test for test in json.loads(path.read_text())["tests"]}
+
+
+def test_a_one_time_cost_passes_on_its_re_run_and_is_booked_under_the_test_that_paid_it(
+    pytester: pytest.Pytester, runs_dir: Path
+) -> None:
+    pytester.makepyfile(test_one_time=ONE_TIME)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest("-p", "no:randomly", "--tfmem-budget=40MB", f"--tfmem-report={report}")
+    result.assert_outcomes(passed=1, failed=1)
+    assert runs(runs_dir, "test_pays_once") == runs(runs_dir, "test_needs_it_every_time") == 2
+    tests = report_tests(report)
+    paid = tests["test_pays_once"]
+    assert paid["outcome"] == "passed" and paid["measurement"]["peak"] < 3 * MIB  # the re-run's: its own need
+    confirmation = paid["confirmation"]
+    assert confirmation["reproduced"] is False and confirmation["asked_by"] == ["budget"]
+    assert 59 * MIB <= confirmation["first_peak"] - confirmation["rerun_peak"] == confirmation["one_time_bytes"]
+    assert [v["ok"] for v in paid["verdicts"]] == [True]
+    account = json.loads(report.read_text())["session"]["one_time_costs"]
+    assert account["count"] == 1 and account["largest"][0]["test"] == "test_one_time.py::test_pays_once"
+    result.stdout.fnmatch_lines([
+        "one-time costs of the process, told apart by re-runs: +[56]?.? MiB in 1 test *",
+        "  one-time cost paid in test test_one_time.py::test_pays_once: +[56]?.? MiB (first run 6?.? MiB, re-run *)",
+    ])
+    # the test that needs its memory every time fails, naming both runs' figures
+    result.stdout.fnmatch_lines([
+        "tfmem: peak [78]?.? MiB > budget 40MB (38.1 MiB) (host RSS *)",
+        "tfmem: reproduced by a re-run in the same process: first run [78]?.? MiB, re-run [78]?.? MiB",
+    ])
+    assert tests["test_needs_it_every_time"]["confirmation"]["reproduced"] is True
+
+
+def test_rerun_false_keeps_the_first_verdict_and_says_so(pytester: pytest.Pytester, runs_dir: Path) -> None:
+    pytester.makepyfile(test_one_time=ONE_TIME.replace(
+        "def test_pays_once", "import pytest\n\n@pytest.mark.tfmem(rerun=False)\ndef test_pays_once"))
+    result = pytester.runpytest("-p", "no:randomly", "--tfmem-budget=40MB", "-k", "pays_once")
+    result.assert_outcomes(failed=1)
+    assert runs(runs_dir, "test_pays_once") == 1
+    result.stdout.fnmatch_lines([
+        "the verdict is the first run's, not confirmed by a re-run: re-runs are off for this test (tfmem(rerun=False))"
+    ])
+
+
+def test_what_the_re_run_kept_is_booked_apart_from_the_tests_retained_figure(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_keeps="""
+        import numpy as np
+
+        kept = []
+
+        def test_keeps():
+            kept.append(np.ones(50 * 2**20, dtype=np.uint8))
+        """)
+    report = pytester.path / "r.json"
+    # a fresh process: garbage an earlier in-process session left would be freed inside its span
+    result = pytester.runpytest_subprocess("--tfmem-budget=40MB", f"--tfmem-report={report}")
+    result.assert_outcomes(failed=1)
+    (test,) = json.loads(report.read_text())["tests"]
+    assert 49 * MIB < test["retained_bytes"] < 52 * MIB  # its own run's, not twice that
+    (process,) = json.loads(report.read_text())["session"]["workers"]
+    (booked,) = process["reruns"]
+    assert booked["test"] == "test_keeps.py::test_keeps" and 49 * MIB < booked["bytes"] < 52 * MIB
+    result.stdout.fnmatch_lines(["*tests +5?.? MiB, tfmem's re-runs +5?.? MiB*"])
+
+
+def git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True)
+
+
+def test_a_figure_far_above_its_history_level_is_measured_again_and_the_re_run_is_kept(
+    pytester: pytest.Pytester, runs_dir: Path
+) -> None:
+    """The history holds the test at 1 MiB; this session's first run pays 60 MiB once: the re-run's
+    1 MiB is what the history gets, so no step or creep follows from a one-time cost."""
+    pytester.makepyfile(test_one_time=ONE_TIME)
+    git(pytester.path, "init", "-q")
+    git(pytester.path, "-c", "user.email=ci@example.com", "-c", "user.name=CI", "commit", "-q", "--allow-empty",
+        "-m", "start")
+    path = pytester.path / "history.jsonl"
+    for number in range(3):
+        commit = history.Commit(f"{number:040x}", None, None, f"2026-12-01T00:00:{number:02d}+00:00", False)
+        history.append_entry(path, history.session_entry(
+            commit, current_environment(), f"s{number}", {"test_one_time.py::test_pays_once": (MIB, None, {})}))
+    result = pytester.runpytest("-p", "no:randomly", f"--tfmem-history={path}", "-k", "pays_once", "-rA")
+    result.assert_outcomes(passed=1)
+    assert runs(runs_dir, "test_pays_once") == 2
+    result.stdout.fnmatch_lines([
+        "re-run in the same process to confirm (6?.? MiB above its level in the memory history, 1.0 MiB): "
+        "it did not reproduce (first run 6?.? MiB, re-run *)*"
+    ])
+    (last,) = history.read_history(path, last=1).entries
+    ((_, peak, _),) = last.tests["test_one_time.py::test_pays_once"]
+    assert peak < 3 * MIB
+
+
+def test_a_figure_near_its_history_level_is_not_measured_again(pytester: pytest.Pytester, runs_dir: Path) -> None:
+    pytester.makepyfile(test_one_time=ONE_TIME)
+    git(pytester.path, "init", "-q")
+    git(pytester.path, "-c", "user.email=ci@example.com", "-c", "user.name=CI", "commit", "-q", "--allow-empty",
+        "-m", "start")
+    path = pytester.path / "history.jsonl"
+    commit = history.Commit(f"{0:040x}", None, None, "2026-12-01T00:00:00+00:00", False)
+    history.append_entry(path, history.session_entry(
+        commit, current_environment(), "s0", {"test_one_time.py::test_needs_it_every_time": (80 * MIB, None, {})}))
+    result = pytester.runpytest("-p", "no:randomly", f"--tfmem-history={path}", "-k", "every_time")
+    result.assert_outcomes(passed=1)
+    assert runs(runs_dir, "test_needs_it_every_time") == 1
+
+
+def test_a_step_is_printed_as_the_figures_it_was_tested_on_never_below_the_floor() -> None:
+    """The old level's median (104 MiB) is not the point the jump was tested from (100 MiB): the
+    printed change is the tested one, +16 MiB, above the floor (5%+10MB: 14.5 MiB at 100 MiB)."""
+    floor = parse_tolerance("5%+10MB")
+    series = [Point(f"c{i}", f"c{i - 1}" if i else None, (int(v * MIB),)) for i, v in enumerate([104, 104, 100, 116, 116])]
+    (step,) = steps(series, floor)
+    assert (step.before, step.after) == (100 * MIB, 116 * MIB)
+    assert step.change > floor.allowance(int(step.before))
+    assert step.describe() == "+16.0 MiB (+16.0%) at c3: 100.0 MiB -> 116.0 MiB"
+
+
+def test_the_explained_share_never_exceeds_all_and_no_pool_is_named_without_one() -> None:
+    """Memory freed between two tests makes the parts add up to more than the growth."""
+    account = ProcessAccount(None)
+    account.add("t.py::test_a", Retained(Level(100 * MIB), Level(150 * MIB), seq=1))
+    account.add("t.py::test_b", Retained(Level(140 * MIB), Level(160 * MIB), seq=2))
+    assert account.growth == 60 * MIB and account.between_tests == -10 * MIB
+    assert account.explained_share == 1.0
+    line = process_line(account)
+    assert line.endswith("; 100% explained by tests, fixtures and imports") and "pool" not in line
+    pooled = ProcessAccount(None)
+    pooled.add("t.py::test_a", Retained(Level(100 * MIB, 0, 8 * MIB), Level(150 * MIB, 0, 8 * MIB), seq=1))
+    assert process_line(pooled).endswith("explained by tests, fixtures, imports and the pool")
