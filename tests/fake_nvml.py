@@ -125,6 +125,10 @@ class FakeNvml:
         """Make the driver report ``nbytes`` held by ``pid`` on GPU ``index``."""
         self.gpus[index].processes[pid] = nbytes
 
+    def take(self, index: int, pid: int, nbytes: int) -> None:
+        """``pid`` takes ``nbytes`` more on GPU ``index`` (a tensor kept alive: a second run keeps another)."""
+        self.gpus[index].processes[pid] = (self.gpus[index].processes.get(pid) or 0) + nbytes
+
     def release(self, index: int, pid: int) -> None:
         self.gpus[index].processes.pop(pid, None)
 

@@ -77,11 +77,16 @@ def test_a_first_import_is_left_out_of_the_peak_budget_and_blocks(pytester: pyte
     assert 95 * MIB <= booking.peak_bytes < 115 * MIB
     assert after.first_imports == ()
     result.stdout.re_match_lines([r"first import of heavy: \+6\d\.\d MiB, not charged \(its peak \+(9\d|1\d\d)\.\d MiB, .*"])
-    # Asked not to, tfmem charges the import to the test, as it did before it booked imports.
-    charged = pytester.runpytest_subprocess(*common, "--no-tfmem-book-imports", "test_heavy.py::test_a_first_to_import")
+    # Asked not to, tfmem charges the import to the test, as it did before it booked imports (and
+    # before a re-run confirmed verdicts: a re-run, the module imported, tells the import apart).
+    charged = pytester.runpytest_subprocess(*common, "--no-tfmem-book-imports", "--no-tfmem-confirm",
+                                            "test_heavy.py::test_a_first_to_import")
     charged.assert_outcomes(failed=1)
     charged.stdout.re_match_lines([r"tfmem: peak (9\d|1\d\d)\.\d MiB > budget 50MB \(47\.7 MiB\)"])
     assert "first import of" not in charged.stdout.str()
+    confirmed = pytester.runpytest_subprocess(*common, "--no-tfmem-book-imports", "test_heavy.py::test_a_first_to_import")
+    confirmed.assert_outcomes(passed=1)
+    confirmed.stdout.re_match_lines([r".*it did not reproduce \(first run (9\d|1\d\d)\.\d MiB, re-run (19|2\d)\.\d MiB\).*"])
 
 
 FORM_TESTS = {

@@ -24,7 +24,7 @@ OTHER = ME + 1000
 
 
 def test_the_fake_has_only_names_and_errors_of_the_real_pynvml():
-    helpers = {"hold", "release", "fail_next", "gpus", "init_error", "initialised", "calls"}
+    helpers = {"hold", "take", "release", "fail_next", "gpus", "init_error", "initialised", "calls"}
     names = {name for name, _ in inspect.getmembers(FakeNvml) if not name.startswith("_")} - helpers
     assert names, "the fake exposes nothing"
     missing = sorted(name for name in names if not hasattr(pynvml, name))
@@ -233,7 +233,7 @@ def test_takes_3GiB_on_gpu_1_for_a_moment():
 @pytest.mark.xfail(raises=GpuBudgetExceeded, strict=True)
 @pytest.mark.tfmem(gpu_budget="1GiB")
 def test_keeps_2GiB_on_gpu_0():
-    pynvml.hold(0, os.getpid(), 2 * GiB)
+    pynvml.take(0, os.getpid(), 2 * GiB)
 
 def test_uses_no_gpu():
     pass
@@ -369,7 +369,7 @@ def test_function_takes_3GiB_on_gpu_1():
 
 class GpuTest(unittest.TestCase):
     def test_method_keeps_3GiB_on_gpu_0(self):
-        pynvml.hold(0, os.getpid(), 3 * GiB)
+        pynvml.take(0, os.getpid(), 3 * GiB)
 """
 
 

@@ -8,8 +8,9 @@ recorded level is kept (``pytest_tfmem_departure``), the body runs once more in 
 first run took beyond it was paid once by the process, and is booked as a one-time cost under the
 test that paid it. Where the re-run fails too, the failure stands and names both runs' figures.
 
-The record keeps the lower of the two runs as its figure: what the test needed in both. That is
-what a baseline or a history keeps, so a one-time cost never becomes a step, a creep or a baseline.
+Where the re-run overturns the verdict, its figures become the record's: the test's own need,
+warm. That is what a baseline or a history keeps, so a one-time cost never becomes a step, a creep
+or a baseline. A verdict that stands keeps the first run's figures (its subtests', its trace's).
 Checks on something other than a figure (a leak's slope, a device out of memory) are not
 confirmed this way: a leak check repeats the body itself, and an exception is not a figure.
 """
@@ -24,6 +25,7 @@ from pytest_tfmem.units import format_size
 if TYPE_CHECKING:  # the verdicts' module reads the session's books, which hold the one-time costs
     from pytest_tfmem.core.verdict import Verdict
 
+REPRODUCED = "tfmem: reproduced by a re-run in the same process"
 # The checks on a test's figures: a re-run gives them a second figure to judge.
 FIGURE_CHECKS = frozenset({"budget", "baseline", "history", "gpu_budget"})
 
@@ -48,9 +50,9 @@ class Confirmation:
         return 0 if self.reproduced else max(0, self.first_peak - self.rerun_peak)
 
     def reproduced_line(self) -> str:
-        """Under a failure that stands: ``reproduced by a re-run in the same process: first run
-        80.0 MiB, re-run 79.9 MiB``."""
-        return (f"reproduced by a re-run in the same process: first run {format_size(self.first_peak)}, "
+        """Under a failure that stands: ``tfmem: reproduced by a re-run in the same process: first
+        run 80.0 MiB, re-run 79.9 MiB``."""
+        return (f"{REPRODUCED}: first run {format_size(self.first_peak)}, "
                 f"re-run {format_size(self.rerun_peak)}")
 
     def note(self) -> str:
@@ -128,6 +130,11 @@ class OneTimeCosts:
                 {"test": cost.nodeid, "worker": cost.worker, **cost.confirmation.to_dict()} for cost in self.largest
             ],
         }
+
+
+def is_reproduced_line(line: str) -> bool:
+    """The failure's line with both runs' figures: in its block, not in the short summary."""
+    return line.startswith(REPRODUCED)
 
 
 def confirmable(failed: list[Verdict]) -> bool:

@@ -22,7 +22,7 @@ import pytest
 
 from pytest_tfmem import frameworks, hookspecs, platforms
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
-from pytest_tfmem.core.confirm import FIGURE_CHECKS, Confirmation, confirmable
+from pytest_tfmem.core.confirm import FIGURE_CHECKS, Confirmation, confirmable, is_reproduced_line
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers
@@ -385,7 +385,7 @@ class TfmemManager:
         if failed:
             lines = [f"tfmem: {v.message}" for v in failed]
             if record.confirmation is not None:  # both runs' figures
-                lines.append(f"tfmem: {record.confirmation.reproduced_line()}")
+                lines.append(record.confirmation.reproduced_line())
             raise failure_for(failed[0].check, "\n".join(lines))
 
     @pytest.hookimpl
@@ -522,9 +522,10 @@ class TfmemManager:
         (trace, explain) take part in that one re-run after a failure. Or say why it did not run."""
         failed = record.failed_verdicts
         # Only a test that would pass but for its figures has a verdict a second figure can change.
-        to_confirm = bool(failed) and error is None and confirmable(failed)
+        confirm = self.settings.confirm
+        to_confirm = confirm and bool(failed) and error is None and confirmable(failed)
         departures: list[str] = []
-        if not failed and error is None:
+        if confirm and not failed and error is None:
             departures = [why for why in self.config.hook.pytest_tfmem_departure(item=item, record=record) if why]
         uses: list[RerunUse] = self.config.hook.pytest_tfmem_rerun_wanted(item=item, record=record) if failed else []
         if not (uses or to_confirm or departures):
@@ -577,9 +578,9 @@ class TfmemManager:
     def _judge_rerun(
         self, item: pytest.Item, record: TestRecord, again: Measurement, departures: tuple[str, ...]
     ) -> None:
-        """The verdict from the two runs: the re-run's where it passes (what the first run took
-        beyond it booked as a one-time cost), the first's where the re-run fails too, with both
-        figures. The record keeps the lower run's figure."""
+        """The verdict from the two runs: the re-run's where it passes (its figures are the record's,
+        what the first run took beyond them booked as a one-time cost), the first's where the re-run
+        fails too (or departs too), with both figures."""
         first = record.measurement
         assert first is not None
         rerun_record = TestRecord(item.nodeid, again, budget=record.budget, subtests=record.subtests)
@@ -596,7 +597,7 @@ class TfmemManager:
                 record.verdicts = [rerun_verdicts.get(verdict.check, verdict) for verdict in record.verdicts]
                 record.extra.update(rerun_record.extra)
         record.confirmation = Confirmation(first.peak, again.peak, asked_by, reproduced)
-        if again.peak <= first.peak:
+        if not reproduced:  # the test's own need, warm; a verdict that stands keeps the figures it was given on
             record.measurement = dataclasses.replace(again, first_imports=first.first_imports)
         record.notes.append(record.confirmation.note())
 
@@ -630,8 +631,10 @@ class TfmemManager:
         added = [] if record is None else self._report_sections(item, record)
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, TfmemFailure):
-            # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's path
-            pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines(), FIGURES_HELP)
+            # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's
+            # path; the re-run's figures in the failure's block, not in the short summary
+            pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines(), FIGURES_HELP,
+                                                 leave_out=is_reproduced_line)
         if call.when == "teardown":  # the reports made from the item carry the record now
             unpublish(item)
             if RECORD in item.stash:

@@ -8,6 +8,7 @@ Code elsewhere in the package calls these functions and reaches no ``_private`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -85,17 +86,20 @@ def release_fixture_values(item: pytest.Item) -> None:
         funcargs.clear()
 
 
-def set_failure_message(report: pytest.TestReport, lines: list[str], help_line: str) -> None:
+def set_failure_message(
+    report: pytest.TestReport, lines: list[str], help_line: str, leave_out: Callable[[str], bool] | None = None
+) -> None:
     """The message of a failure raised with ``pytrace=False`` (tfmem's checks) as the report shows
     it: ``lines`` and then ``help_line`` in the failure's block (``ReprEntry.lines`` of its one
-    entry), and in the short summary line, read from ``reprcrash.message``, the lines joined,
-    without the exception's module path that pytest puts first (its figures then fit in the first
-    80 columns)."""
+    entry), and in the short summary line, read from ``reprcrash.message``, the lines joined
+    (less those ``leave_out`` is true of), without the exception's module path that pytest puts
+    first (its figures then fit in the first 80 columns)."""
     longrepr = report.longrepr
     crash = getattr(longrepr, "reprcrash", None)
     if crash is None:
         return
-    crash.message = "; ".join([lines[0], *(line.removeprefix("tfmem: ") for line in lines[1:])])
+    short = [line for line in lines if leave_out is None or not leave_out(line)] or lines
+    crash.message = "; ".join([short[0], *(line.removeprefix("tfmem: ") for line in short[1:])])
     traceback = getattr(longrepr, "reprtraceback", None)
     entries = getattr(traceback, "reprentries", [])
     if getattr(traceback, "style", None) == "value" and len(entries) == 1:

@@ -233,6 +233,15 @@ BOOK_IMPORTS = Option(
     parse_bool,
     True,
 )
+CONFIRM = Option(
+    "confirm",
+    "before a test fails a check on its figures (budget, baseline, history gate, GPU budget), and "
+    "before a figure far above its recorded level is kept, run its body once more in the same "
+    "process and judge the figure that reproduces; what the first run took beyond it is booked as a "
+    "one-time cost of the process (default true; @pytest.mark.tfmem(rerun=False) turns it off for one test)",
+    parse_bool,
+    True,
+)
 PLATFORM = Option(
     "platform",
     "how memory is read: auto (default: what this operating system keeps; Linux's, macOS's and "
@@ -241,7 +250,7 @@ PLATFORM = Option(
     platforms.parse_choice,
     platforms.AUTO,
 )
-CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, FIRST_USE_WARMUP, SUBTESTS, BOOK_IMPORTS, PLATFORM]
+CORE_OPTIONS = [BUDGET, TOP, TF_WARMUP, FIRST_USE_WARMUP, SUBTESTS, BOOK_IMPORTS, CONFIRM, PLATFORM]
 
 
 @dataclass(frozen=True)
@@ -252,6 +261,7 @@ class CoreSettings:
     first_use_warmup: bool
     subtests: bool  # list subtests in the terminal summary
     book_imports: bool  # leave first imports out of the tests' figures
+    confirm: bool  # a verdict on figures stands only if a re-run reproduces it (``core.confirm``)
     any_set: bool  # a tfmem option or ini value was given: measure every test
 
     @classmethod
@@ -264,6 +274,7 @@ class CoreSettings:
             first_use_warmup=values["first_use_warmup"][0],
             subtests=values["subtests"][0],
             book_imports=values["book_imports"][0],
+            confirm=values["confirm"][0],
             any_set=values["budget"][1] or values["subtests"][0],
         )
 

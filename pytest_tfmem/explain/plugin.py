@@ -8,8 +8,9 @@ that fails a tfmem check (a budget, a baseline). Two ways, and the report says w
   (``explain_lines``) and, when TensorFlow is loaded and the trace feature has not already
   profiled the test, TensorFlow's profiler (``explain_tf``). Passing tests pay nothing.
 - ``from-start``: the line tracer (and the profiler) run during the test's own run, for a test
-  whose body must not run twice. Every explained test then pays the tracer's time, and its
-  verdict includes the profiler's memory.
+  whose body must not run twice (with ``tfmem(rerun=False)``, which also keeps the re-run that
+  confirms a verdict from running it). Every explained test then pays the tracer's time, and
+  its verdict includes the profiler's memory.
 
 The explanation goes into two report sections, the test's record (``extra["explain"]``, so
 the JSON report) and, when the test has a TensorBoard trace, its ``summary.json``.
