@@ -5,9 +5,9 @@
 
 Suites (none of them tuned for): Keras's own attention, multi-head attention, LSTM, GRU and
 batch-normalization tests from the installed Keras, beyond the five modules the other benchmarks
-use (``keras-more``); tf-keras's own attention, layer-normalization and GRU tests from its repository
+use (``keras-more``); tf-keras's own attention and layer-normalization tests from its repository
 (``tf-keras``: ``--tf-keras PATH``, a checkout; its ``from tf_keras.`` imports are read as the wheel's
-``tf_keras.src``); scikit-learn's own PCA, ridge and k-means tests from the installed package
+``tf_keras.src``); scikit-learn's own PCA and k-means tests from the installed package
 (``sklearn``). Each suite runs in a fresh git repository beside ``test_batch.py`` (one test holding
 a 40 MiB batch), and each check runs twice, with tfmem's default (a verdict on a test's figures
 stands only if a re-run in the same process reproduces it) and with ``--no-tfmem-confirm``:
@@ -31,8 +31,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -111,15 +109,14 @@ def suites(tf_keras: Path | None) -> dict[str, Suite]:
             "keras-more", "Keras's own attention, multi-head attention, LSTM, GRU and batch-normalization tests",
             {keras / "src" / module: Path(module).name for module in modules})
     if tf_keras is not None:
-        modules = ("layers/attention/attention_test.py", "layers/normalization/layer_normalization_test.py",
-                   "layers/rnn/gru_test.py")
+        modules = ("layers/attention/attention_test.py", "layers/normalization/layer_normalization_test.py")
         found["tf-keras"] = Suite(
-            "tf-keras", "tf-keras's own attention, layer-normalization and GRU tests",
+            "tf-keras", "tf-keras's own attention and layer-normalization tests",
             {tf_keras / "tf_keras" / module: f"tfk_{Path(module).name}" for module in modules},
             rewrite=(("from tf_keras.", "from tf_keras.src."), ("import tf_keras.", "import tf_keras.src.")))
     if sklearn is not None:
-        modules = ("decomposition/tests/test_pca.py", "linear_model/tests/test_ridge.py", "cluster/tests/test_k_means.py")
-        found["sklearn"] = Suite("sklearn", "scikit-learn's own PCA, ridge and k-means tests",
+        modules = ("decomposition/tests/test_pca.py", "cluster/tests/test_k_means.py")
+        found["sklearn"] = Suite("sklearn", "scikit-learn's own PCA and k-means tests",
                                  in_place=tuple(sklearn / module for module in modules))
     return found
 
@@ -216,7 +213,8 @@ def history_check(directory: Path, suite: Suite, mode: tuple[str, ...], commits:
         done, seconds = pytest_run(directory, suite, *options, f"--tfmem-history={history}",
                                    f"--tfmem-history-gate={GATE}", f"--tfmem-report={report}")
         if not report.exists():
-            raise RuntimeError(f"{suite.name} commit {number} wrote no report:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"{suite.name} commit {number} wrote no report:\n{done.stdout[-3000:]}\n"
+                               f"{done.stderr[-3000:]}")
         failed = failures(done)
         if alone is not None:
             outcome.timed.append((alone, seconds, reruns(report)))
@@ -304,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [name for name in args.suites.split(",") if name]
     missing = [name for name in chosen if name not in known]
     if missing:
-        parser.error(f"not available here: {', '.join(missing)} (tf-keras needs --tf-keras PATH; sklearn, scikit-learn)")
+        parser.error(f"not available here: {', '.join(missing)} (tf-keras needs --tf-keras PATH, a checkout; "
+                     "sklearn needs scikit-learn)")
     table = []
     details = []
     for name in chosen:
