@@ -55,7 +55,15 @@ def parse_size(value: object, *, what: str = "size") -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ValueError(f"invalid {what} {value!r}: expected {SIZE_FORMS}")
-    return Size(int(float(match.group(1)) * _UNITS[unit]), value.strip())
+    number = float(match.group(1))
+    # '200' reads as 200 bytes to a machine and as 200 MB to most people: text needs a unit (a
+    # marker's number, budget=2**30, is bytes)
+    if not unit and number:
+        raise ValueError(
+            f"invalid {what} {value!r}: a size written as text needs a unit ({match.group(1)}B for bytes, "
+            f"{match.group(1)}MB, {match.group(1)}GB...): expected {SIZE_FORMS}"
+        )
+    return Size(int(number * _UNITS[unit]), value.strip())
 
 
 def format_size(nbytes: float | None, *, signed: bool = False) -> str:

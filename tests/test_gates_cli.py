@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from gates_helpers import suite_source
 
-from pytest_tfmem.cli.main import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION
+from pytest_tfmem import __version__
+from pytest_tfmem.cli.main import EXIT_BAD_INPUT, EXIT_OK, EXIT_READER_GONE, EXIT_REGRESSION
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +137,13 @@ def test_plot_writes_a_png_with_the_bars(gate_files):
 def test_help_and_the_installed_console_script(gate_files):
     done = tfmem(gate_files, "--help")
     assert done.returncode == 0
-    for command in ("compare", "show", "plot"):
+    for command in ("compare", "show", "plot", "last", "run", "merge", "history"):
         assert command in done.stdout
-    assert "exit codes: 0 fine, 1 regression beyond tolerance (compare), 2 bad input" in done.stdout
+    said = " ".join(done.stdout.split())  # argparse folds the epilog
+    assert ("exit codes: 0 fine; 1 a regression beyond tolerance (compare), or the session `last` describes did "
+            "not finish; 2 bad input; 141 the reader of the output closed it") in said
+    version = tfmem(gate_files, "--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"tfmem (pytest-tfmem) {__version__}"
     assert tfmem(gate_files).returncode == EXIT_BAD_INPUT  # no command: help on stderr
     for command in ("compare", "show", "plot"):
         done = tfmem(gate_files, command, "--help")
@@ -150,3 +155,20 @@ def test_help_and_the_installed_console_script(gate_files):
         [script, "compare", "base.json", "report.json"], cwd=gate_files, capture_output=True, text=True, check=False
     )
     assert done.returncode == EXIT_REGRESSION
+
+
+def test_show_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path):
+    """``tfmem show r.json | head -5`` on a report larger than a pipe holds: no BrokenPipeError."""
+    (tmp_path / "test_many.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(1500))\ndef test_t(i):\n    pass\n")
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                    "--tfmem-report=r.json", "test_many.py"], cwd=tmp_path, capture_output=True, check=True)
+    assert (tmp_path / "r.json").stat().st_size > 2**16  # more than a pipe's buffer
+    shown = subprocess.Popen([sys.executable, "-m", "pytest_tfmem.cli.main", "show", "r.json"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert shown.stdout is not None and shown.stderr is not None
+    assert shown.stdout.readline().startswith(b"report r.json")
+    shown.stdout.close()  # as head does after its lines
+    error = shown.stderr.read().decode()
+    assert shown.wait(timeout=60) == EXIT_READER_GONE
+    assert "Traceback" not in error and "BrokenPipeError" not in error, error

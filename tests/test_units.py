@@ -1,5 +1,6 @@
 import json
 import pickle
+import re
 
 import pytest
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/
         ("512MB", 512 * 10**6),
         ("512MiB", 512 * 2**20),
         ("1.5GB", 1_500_000_000),
-        ("1000000", 1_000_000),
+        ("1000000B", 1_000_000),
+        ("0", 0),
         ("64kib", 64 * 1024),
         (1024, 1024),
     ],
@@ -43,6 +45,15 @@ def test_format_size_always_prints_a_unit(nbytes, text):
     assert format_size(nbytes) == text
 
 
+@pytest.mark.parametrize("text", ["200", "1.5", " 4096 "])
+def test_a_size_written_without_a_unit_is_refused_naming_the_forms_it_may_have_meant(text):
+    """``--tfmem-budget=200`` is 200 bytes to a machine and 200 MB to most readers."""
+    number = text.strip()
+    with pytest.raises(ValueError, match=rf"invalid budget '{re.escape(text)}': a size written as text needs a unit "
+                                         rf"\({re.escape(number)}B for bytes, {re.escape(number)}MB"):
+        parse_size(text, what="budget")
+
+
 def test_format_size_signed():
     assert format_size(2**20, signed=True) == "+1.0 MiB"
     assert format_size(-(2**20), signed=True) == "-1.0 MiB"
@@ -50,7 +61,7 @@ def test_format_size_signed():
 
 @pytest.mark.parametrize(
     ("written", "shown"),
-    [("400MB", "400MB (381.5 MiB)"), ("1.5 GB", "1.5 GB (1.4 GiB)"), ("512MiB", "512.0 MiB"), ("100", "100 B"),
+    [("400MB", "400MB (381.5 MiB)"), ("1.5 GB", "1.5 GB (1.4 GiB)"), ("512MiB", "512.0 MiB"), ("100B", "100 B"),
      (2**20, "1.0 MiB")],
 )
 def test_a_limit_written_in_decimal_units_is_quoted_as_written_beside_its_binary_value(written, shown):

@@ -9,8 +9,9 @@
 
 Exit codes: 0 fine; 1 ``compare`` found a regression beyond tolerance, or the session
 ``last`` describes did not finish; 2 bad input (a missing, unreadable or corrupt file, a
-bad option value, shards that measured a test differently and no ``--prefer``). ``run``
-exits with the code of what it ran (``run.command``).
+bad option value, shards that measured a test differently and no ``--prefer``); 141 the reader
+of the output closed it early (``tfmem show r.json | head``). ``run`` exits with the code of what
+it ran (``run.command``).
 
 Each subcommand is a ``Command`` in ``COMMANDS``: its name, the ``run_*`` function that
 runs it, its help and its arguments; adding one is adding a ``Command``. Each ``run_*`` imports
@@ -20,12 +21,14 @@ what it needs itself, so ``tfmem run`` starts without pytest and the report code
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfmem import __version__
 from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.files import IMAGE, FileFormatError, Output, overwrite_refusal, prepare_output
 from pytest_tfmem.gates.tolerance import (
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 EXIT_REGRESSION = 1
 EXIT_BAD_INPUT = 2
+EXIT_READER_GONE = 141  # as a shell reports a command that SIGPIPE ended
 
 
 class CliError(Exception):
@@ -613,10 +617,14 @@ def _load(load: Callable[[str], Any], path: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfmem",
-        description="Read pytest-tfmem reports and baselines: compare them (a CI gate without pytest), "
-        "show them, plot them.",
-        epilog="exit codes: 0 fine, 1 regression beyond tolerance (compare), 2 bad input",
+        description="pytest-tfmem without pytest: compare a JSON report with a baseline (a CI gate), show "
+        "and plot reports, merge them into a baseline, read the memory history and the results journal "
+        "(what the last session was running), and run a script under a memory budget.",
+        epilog="exit codes: 0 fine; 1 a regression beyond tolerance (compare), or the session `last` describes "
+        "did not finish; 2 bad input; 141 the reader of the output closed it (tfmem show ... | head); "
+        "`run` exits with the code of what it ran",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s (pytest-tfmem) {__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for command in COMMANDS:
         command.add_to(subparsers)
@@ -641,6 +649,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as error:
         print(f"tfmem: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader stopped early (``| head``): no traceback, and none at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
 
 
 if __name__ == "__main__":
