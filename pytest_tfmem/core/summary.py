@@ -21,16 +21,34 @@ def use_percent(need: int | None, budget: int | None) -> str:
     return f"{100 * need / budget:.0f}%"
 
 
-def _result(record: TestRecord) -> str:
+# What the result column says of a test that failed a check, the first of its checks in this order.
+_FAILED_CHECK_RESULTS = {
+    "kill_at": "killed at kill_at",
+    "signal": "killed by a signal",
+    "died": "its process died",
+    "budget": "over budget",
+    "gpu_budget": "over GPU budget",
+    "max_retained": "over max_retained",
+    "baseline": "over its baseline",
+    "retained_baseline": "retained over its baseline",
+    "history": "over its history",
+    "leak": "leaking",
+    "oom": "device out of memory",
+}
+
+
+def result_word(record: TestRecord, death: str | None = None) -> str:
+    """The result column of every tfmem table: what failed (``over budget``; ``death``, how an
+    isolated test's process ended, where it was killed), said the same way whether the test failed
+    or was expected to (``xfailed (over budget)``), else its outcome."""
     failed = {v.check for v in record.failed_verdicts}
-    if "budget" in failed:
-        result = "over budget"
-    elif "gpu_budget" in failed:
-        result = "over GPU budget"
-    elif "max_retained" in failed:
-        result = "over max_retained"
-    else:
-        result = record.outcome or ""
+    said = death or next((label for check, label in _FAILED_CHECK_RESULTS.items() if check in failed), None)
+    if record.outcome == "xfailed":
+        result = f"xfailed ({said})" if said else "xfailed"
+    elif said is not None:
+        result = said
+    else:  # a failed check of a conftest's own, before its report says "failed"
+        result = record.outcome or ("failed" if failed else "")
     if record.reruns:  # pytest-rerunfailures: the figures are the last attempt's
         result += f" (rerun {record.reruns} time{'s' if record.reruns > 1 else ''})"
     return result
@@ -117,7 +135,7 @@ class HeaviestTests:
                 + [format_size(record.budget), use_percent(record.measurement.peak, record.budget)]
                 + (gpu_budget_cells if self._gpu_budget else [])
                 + ([_retained(record)] if with_retained else [])
-                + [_result(record)]
+                + [result_word(record)]
             )
             if subtests:
                 rows += _subtest_rows(record, views, self._nvml, self._gpu_budget, with_retained, self._children)

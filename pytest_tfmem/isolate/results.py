@@ -16,6 +16,7 @@ import pytest
 from pytest_tfmem import platforms
 from pytest_tfmem.core.measure import Measurement, ViewReading
 from pytest_tfmem.core.record import TestRecord, publish, published_record, record_from_report
+from pytest_tfmem.core.summary import result_word
 from pytest_tfmem.platforms import SAMPLED
 from pytest_tfmem.probes.system import MemoryLimit
 from pytest_tfmem.probes.watchdog import WatchResult, describe_signal, downsample
@@ -36,7 +37,7 @@ def isolated_rows(records: list[TestRecord]) -> list[list[str]]:
                 format_size(isolated.get("process_peak_increase")),
                 format_size(isolated["process_peak"]),
                 f"{isolated['wall_s']:.2f} s",
-                isolated.get("death") or record.outcome or "",
+                result_word(record, isolated.get("death")),
             ]
         )
     return rows
