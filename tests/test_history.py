@@ -341,6 +341,16 @@ def test_the_creep_sentence_never_names_a_rise_larger_than_the_whole_change():
     )
 
 
+def test_the_creep_sentence_over_one_commit_or_mostly_one_rise_reads_plainly():
+    """Not ``+42911.1% over 1 commits ..., no single rise above 42911.1%``."""
+    once = creep(points([0.25 * MIB, 45.4 * MIB]))
+    assert once is not None and once.describe() == "+18060.0% over 1 commit (256.0 KiB at c000 -> 45.4 MiB at c001)"
+    mostly = creep(points([40 * MIB, 40.2 * MIB, 60 * MIB, 60.3 * MIB]))
+    assert mostly is not None and mostly.describe() == (
+        "+50.7% over 3 commits (40.0 MiB at c000 -> 60.3 MiB at c003), most of it at c002 (+49.3%)"
+    )
+
+
 def test_a_level_that_held_is_where_a_gate_counts_from():
     gate = parse_tolerance("25%")
     at_the_step = creep_since_last_step(points([40 * MIB] * 10 + [60 * MIB]), MIN_STEP)

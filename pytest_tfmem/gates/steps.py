@@ -146,8 +146,10 @@ class Creep:
 
     def describe(self) -> str:
         """``+62.0% over 14 commits (200.0 MiB at 1a2b3c4 -> 324.0 MiB), no single rise above 8.0%
-        (at 5e6f7a8)``; where one rise was larger than the whole change (the figure came down
-        after it), ``the largest rise +30.0% (at 5e6f7a8), partly undone since``."""
+        (at 5e6f7a8)``; where one rise was half of the change or more, ``most of it at 5e6f7a8
+        (+50.1%)``; where one rise was larger than the whole change (the figure came down after
+        it), ``the largest rise +30.0% (at 5e6f7a8), partly undone since``; over one commit, the
+        figures alone."""
         share = self.share
         amount = f"{share:+.1%}" if share is not None else format_size(int(self.change), signed=True)
         rises = ""
@@ -155,10 +157,13 @@ class Creep:
             commit, size, rise_share = self.rises[0]
             if size > self.change:
                 rises = f", the largest rise {rise_share:+.1%} (at {short(commit)}), partly undone since"
-            else:
+            elif 2 * size >= self.change and self.commits > 1:
+                rises = f", most of it at {short(commit)} ({rise_share:+.1%})"
+            elif self.commits > 1:
                 rises = f", no single rise above {rise_share:.1%} (at {short(commit)})"
+        commits = f"{self.commits} commit{'s' if self.commits != 1 else ''}"
         return (
-            f"{amount} over {self.commits} commits ({format_size(int(self.best))} at {short(self.best_commit)} -> "
+            f"{amount} over {commits} ({format_size(int(self.best))} at {short(self.best_commit)} -> "
             f"{format_size(int(self.latest))} at {short(self.latest_commit)}){rises}"
         )
 

@@ -101,8 +101,9 @@ def native_lines(account: SessionAccount) -> list[str]:
     clearing = ("" if account.cleared is not None
                 else "; --tfmem-clear-session clears Keras's and the frameworks' caches after each test")
     return [
-        f"most of it is native memory: the objects named account for {format_size(named)} of the "
-        f"{format_size(kept)} that {weighed} test{'s' if weighed != 1 else ''} weighed kept{clearing}; "
+        f"most of it is native memory: of the {format_size(kept)} kept by the {weighed} "
+        f"test{'s' if weighed != 1 else ''} whose objects were weighed, the objects named account for "
+        f"{format_size(named)}{clearing}; "
         "what a process does not give back, a fresh one does: --tfmem-session-limit=SIZE replaces the "
         "process once it holds more"
     ]
