@@ -47,6 +47,7 @@ from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for
 from pytest_tfmem.frameworks import FirstUse, Framework
+from pytest_tfmem.frameworks.native_log import HeldLog
 from pytest_tfmem.probes import children as children_probe, host
 from pytest_tfmem.probes.garbage import Collector
 from pytest_tfmem.probes.imports import ImportLedger
@@ -62,6 +63,9 @@ NOT_MEASURED = "tfmem_not_measured"
 # On a pytest-xdist worker's first measured call report: a view its frameworks could not give (the
 # controller, which imports no framework, says it once at the end).
 MISSING_VIEW = "tfmem_missing_view"
+# On a pytest-xdist worker's measured call reports: what its frameworks logged while tfmem started
+# them, where it matters (``frameworks.native_log``); the controller says it at the end.
+NATIVE_LOG = "tfmem_native_log"
 R = TypeVar("R")  # a reader of every record at the session's end (``TfmemManager.reader``)
 
 
@@ -160,6 +164,11 @@ class TfmemManager:
         # the tests' modules loaded them), or by pytest-xdist's workers on their first measured report
         self.missing_views: dict[str, None] = {}
         self._missing_views_said = False
+        # What the frameworks' C++ code logged while tfmem started or warmed them (said at the end,
+        # where it matters: ``frameworks.native_log``); a pytest-xdist worker's, on its reports.
+        self.native_log = HeldLog()
+        self._native_lines_sent = 0
+        self.workers_native_lines: dict[str, None] = {}
         # call reports failed by a tfmem check, until their teardown's report: a check on what the
         # test left behind fails it there, in the same message, not as a second outcome
         self._failed_calls: dict[str, pytest.TestReport] = {}
@@ -307,7 +316,8 @@ class TfmemManager:
             for setup in self.runtime_setups:
                 setup(framework, runtime_started)
             if self.settings.tf_warmup:
-                framework.start_runtime()
+                with self.native_log.held():
+                    framework.start_runtime()
             prepared.append(framework)
         if not prepared:
             self._nothing_to_prepare = state
@@ -338,7 +348,8 @@ class TfmemManager:
     def warm_up(self, first_use: FirstUse) -> None:
         """Pay ``first_use`` now, once a session (``frameworks.warm_up``)."""
         self._warmed.add(first_use.name)
-        frameworks.warm_up(first_use)
+        with self.native_log.held():
+            frameworks.warm_up(first_use)
 
     def prepare_and_warm_up(self, item: pytest.Item) -> None:
         """Before a measured test where no books are kept: the frameworks' runtimes, their first uses."""
@@ -640,9 +651,13 @@ class TfmemManager:
             if RECORD in item.stash:
                 del item.stash[RECORD]
         if record is not None:
-            if not self._missing_views_said and processes.role(self.config) is processes.Role.WORKER:
-                report.user_properties += [(MISSING_VIEW, line) for line in frameworks.missing_views()]
-                self._missing_views_said = True
+            if processes.role(self.config) is processes.Role.WORKER:
+                if not self._missing_views_said:
+                    report.user_properties += [(MISSING_VIEW, line) for line in frameworks.missing_views()]
+                    self._missing_views_said = True
+                if len(self.native_log.lines) > self._native_lines_sent:  # held since the last report
+                    report.user_properties += [(NATIVE_LOG, line) for line in self._native_lines()[1:]]
+                    self._native_lines_sent = len(self.native_log.lines)
             if not report.passed or self._passed_sections_read:
                 report.sections.append(("tfmem", section_text(record)))
                 for sections in added:
@@ -699,6 +714,8 @@ class TfmemManager:
                     self.not_measured.append((report.nodeid, str(value)))
                 elif name == MISSING_VIEW:
                     self.missing_views[str(value)] = None
+                elif name == NATIVE_LOG:
+                    self.workers_native_lines[str(value)] = None
         elif report.when == "teardown":
             self._add_retained(report)
             self.records.close(report.nodeid)
@@ -729,12 +746,25 @@ class TfmemManager:
             terminalreporter.write_sep("=", "tfmem: peak memory need per test (heaviest first)")
             for line in render_table(self.reader(HeaviestTests).rows(subtests=self.settings.subtests)):
                 terminalreporter.write_line(line)
+        native = self._native_lines()
+        if self.workers_native_lines and not native:
+            native = [self.native_log.heading(self._verbose), *self.workers_native_lines]
+        for line in native:
+            terminalreporter.write_line(line)
         for line in self.missing_views:  # pytest-xdist's workers': the controller said no header line of it
             terminalreporter.write_line(f"tfmem: on the workers: {line}", yellow=True)
         if self.not_measured:
             terminalreporter.write_line(f"tfmem: {len(self.not_measured)} test(s) not measured:", yellow=True)
             for nodeid, why in self.not_measured:
                 terminalreporter.write_line(f"  {nodeid}: {why}")
+
+    @property
+    def _verbose(self) -> bool:
+        return self.config.get_verbosity() > 0
+
+    def _native_lines(self) -> list[str]:
+        """The heading and the lines of what the frameworks logged while tfmem started them, or nothing."""
+        return self.native_log.summary_lines(self._verbose)
 
     def pytest_unconfigure(self) -> None:
         self.records.remove()
