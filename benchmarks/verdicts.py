@@ -234,6 +234,7 @@ def history_check(directory: Path, suite: Suite, mode: tuple[str, ...], commits:
 
 def budget_check(directory: Path, suite: Suite, mode: tuple[str, ...], budgets: dict[str, int], orders: int,
                  outcome: Outcome) -> None:
+    (directory / "test_batch.py").write_text(BATCH.format(rows=ROWS))  # the batch its warm figure is of
     (directory / "budgets.json").write_text(json.dumps(budgets))
     (directory / "conftest_budgets.py").write_text(BUDGETS_PLUGIN)
     for seed in range(101, 101 + orders):
