@@ -222,10 +222,28 @@ def test_the_failure_shows_its_figures_first_and_ends_pointing_at_what_they_coun
     summary = next(line for line in result.outlines if line.startswith("FAILED "))
     assert summary[:80].startswith("FAILED test_one.py::test_spike - tfmem: peak 28")  # no exception path first
     block = result.stdout.str().split("_ test_spike _")[1].splitlines()
-    assert block[1].startswith("tfmem: peak 28") and block[3] == FIGURES_HELP
+    assert block[1].startswith("tfmem: peak 28") and block[4] == FIGURES_HELP
     assert block[2].startswith("tfmem: reproduced by a re-run in the same process: first run 28")  # both runs' figures
+    assert block[3].startswith("tfmem: what used it: mostly host memory outside the frameworks' allocators")
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     table = readme.split("### What each figure counts", 1)[1].split("\n## ", 1)[0]
     for figure in ("`--tfmem-budget`", "`kill_at`", "`--tfmem-session-limit`", "`tfmem run --budget`",
                    "`tfmem run --kill-at`", "`max_growth=`", "`--tfmem-max-retained`", "a baseline"):
         assert f"| {figure}" in table or f"{figure}," in table, figure
+
+
+def test_a_budget_failure_says_what_used_the_memory_and_the_line_where_the_re_run_traced_it(
+    pytester: pytest.Pytester,
+):
+    pytester.makepyfile(test_one=ONE_SPIKE)
+    plain = pytester.runpytest("--tfmem-budget=200MB", "-p", "no:randomly")
+    plain.stdout.fnmatch_lines([
+        "tfmem: what used it: mostly host memory outside the frameworks' allocators (NumPy arrays, Python objects, "
+        "native libraries): host RSS 28?.? MiB of 28?.? MiB; for the line, run the test with --tfmem-explain",
+    ])
+    explained = pytester.runpytest("--tfmem-budget=200MB", "-p", "no:randomly", "--tfmem-explain")
+    explained.stdout.fnmatch_lines([
+        "tfmem: what used it: mostly host memory * the line that needed the most: "
+        "test_one.py:4 `block = np.ones(300 * 10**6, dtype=np.uint8)` +28?.? MiB",
+    ])
+    assert "what used it" not in next(line for line in explained.outlines if line.startswith("FAILED "))

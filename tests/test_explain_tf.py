@@ -134,3 +134,19 @@ def test_allocations_alive_at_the_peak_are_grouped_by_op_shape_and_dtype():
     assert lines[2].split() == ["model/dense/MatMul", "[64,1024]", "float", "4", "32.0"]
     assert lines[-2] == "(1 smaller groups not shown)"
     assert lines[-1].startswith(f"'{UNATTRIBUTED}': bytes in use at the peak")
+
+
+@pytest.mark.slow  # a failing TensorFlow test explained in a fresh interpreter
+def test_without_the_cpu_allocators_statistics_explain_says_why_there_is_no_op_table(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """oneDNN off (the default on some AMD EPYC CPUs): no op table, and how to get one."""
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    pytester.makepyfile(test_wide=WIDE_MODEL)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "test_untraced")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "note: no op table: TensorFlow's CPU allocator keeps no statistics here (TF_ENABLE_ONEDNN_OPTS is off); "
+        "TF_ENABLE_ONEDNN_OPTS=1 (or TF_CPU_ALLOCATOR_USE_BFC=1) set before TensorFlow loads turns it on",
+    ])
+    assert "memory at the peak by TensorFlow op" not in result.stdout.str()

@@ -44,7 +44,7 @@ from pytest_tfmem.core.retained import RERUN, RERUN_BOOKING, Booking, Boundary, 
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
-from pytest_tfmem.core.verdict import Verdict, check_budget
+from pytest_tfmem.core.verdict import Verdict, check_budget, what_used_line
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for
 from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.frameworks.native_log import HeldLog
@@ -397,6 +397,10 @@ class TfmemManager:
             lines = [f"tfmem: {v.message}" for v in failed]
             if record.confirmation is not None:  # both runs' figures
                 lines.append(record.confirmation.reproduced_line())
+            if record.measurement is not None and any(v.check == "budget" for v in failed):
+                explained = record.extra.get("explain")
+                largest = explained.get("largest") if isinstance(explained, dict) else None
+                lines.append(f"tfmem: {what_used_line(record.measurement, largest)}")
             raise failure_for(failed[0].check, "\n".join(lines))
 
     @pytest.hookimpl

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pytest_tfmem import frameworks
@@ -54,3 +55,31 @@ def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None
     relation = ">" if peak > budget else "<="
     message = f"peak {format_size(peak)} {relation} budget {format_limit(budget)} ({describe_views(measurement)})"
     return Verdict("budget", peak <= budget, message)
+
+
+def what_used(measurement: Measurement) -> str:
+    """The kind of memory that made most of a test's peak, in words: the processes it started,
+    tensors in a framework's host allocator, or host memory outside the frameworks' allocators."""
+    peak = measurement.peak
+    if measurement.children_peak * 2 >= peak:
+        return f"mostly the processes it started ({format_size(measurement.children_peak)} of {format_size(peak)})"
+    pooled = max((v for v in measurement.views if frameworks.is_host_view(v.view)), key=lambda v: v.increase,
+                 default=None)
+    if pooled is not None and pooled.increase * 2 >= peak:
+        return f"mostly tensors: the {view_label(pooled.view)} {format_size(pooled.increase)} of {format_size(peak)}"
+    return (f"mostly host memory outside the frameworks' allocators (NumPy arrays, Python objects, native "
+            f"libraries): host RSS {format_size(measurement.host)} of {format_size(peak)}")
+
+
+def what_used_line(measurement: Measurement, largest_line: dict[str, object] | None) -> str:
+    """The line under a budget failure: the kind of memory, and the line of the test that needed
+    the most where the re-run's line tracer knows it (``--tfmem-explain``), else how to find it."""
+    kind = what_used(measurement)
+    if largest_line is None:
+        return f"what used it: {kind}; for the line, run the test with --tfmem-explain"
+    increase = largest_line.get("peak_increase_bytes")
+    size = format_size(increase, signed=True) if isinstance(increase, int) else ""
+    where = str(largest_line.get("file"))
+    shown = os.path.relpath(where) if os.path.isabs(where) and where.startswith(os.getcwd() + os.sep) else where
+    return (f"what used it: {kind}; the line that needed the most: {shown}:"
+            f"{largest_line.get('line')} `{largest_line.get('contents')}` {size}").rstrip()

@@ -118,6 +118,24 @@ def function_group(name: str) -> str:
     return _NUMBERS.sub("", name)
 
 
+TURN_ON_CPU_STATISTICS = (
+    "TF_ENABLE_ONEDNN_OPTS=1 (or TF_CPU_ALLOCATOR_USE_BFC=1) set before TensorFlow loads turns it on"
+)
+
+
+def _no_cpu_statistics() -> str | None:
+    """Why TensorFlow's CPU allocator keeps no statistics in this process, or ``None`` where it does
+    (or TensorFlow is not loaded)."""
+    if loaded_tensorflow() is None:
+        return None
+    port = sys.modules.get("tensorflow.python.util._pywrap_util_port")
+    if port is None or port.IsMklEnabled() or os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in TRUE:
+        return None
+    if "TF_ENABLE_ONEDNN_OPTS" in os.environ:
+        return "TF_ENABLE_ONEDNN_OPTS is off"
+    return "oneDNN is off by default on this CPU"
+
+
 class TensorFlow:
     """TensorFlow behind the ``Framework`` protocol (``frameworks.base``)."""
 
@@ -191,17 +209,12 @@ class TensorFlow:
     def missing_views(self) -> list[str]:
         """The CPU allocator's view, where its allocator keeps no statistics: with oneDNN off, its
         default on CPUs without the vector instructions TensorFlow looks for (some AMD EPYC)."""
-        if loaded_tensorflow() is None:
+        why = _no_cpu_statistics()
+        if why is None:
             return []
-        port = sys.modules.get("tensorflow.python.util._pywrap_util_port")
-        if port is None or port.IsMklEnabled() or os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in TRUE:
-            return []
-        why = ("TF_ENABLE_ONEDNN_OPTS is off" if "TF_ENABLE_ONEDNN_OPTS" in os.environ
-               else "oneDNN is off by default on this CPU")
         return [
             f"no TF CPU allocator view: TensorFlow's CPU allocator keeps no statistics here ({why}), so tensors "
-            "count as host memory only; TF_ENABLE_ONEDNN_OPTS=1 (or TF_CPU_ALLOCATOR_USE_BFC=1) set before "
-            "TensorFlow loads turns it on"
+            f"count as host memory only; {TURN_ON_CPU_STATISTICS}"
         ]
 
     def device_views(self) -> list[TFAllocator]:
@@ -314,4 +327,9 @@ class TensorFlow:
         return "TensorFlow profiler trace (Profile tab in TensorBoard)"
 
     def no_memory_profile(self) -> str:
-        return ""  # its allocators record every allocation at host_tracer_level 2, CPU's too
+        """Its allocators record every allocation at host_tracer_level 2, CPU's too: where the CPU
+        allocator keeps none (and no GPU's allocator is there), a CPU trace has no memory profile."""
+        why = _no_cpu_statistics()
+        if why is None or any(self.is_gpu_view(view.name) for view in self.device_views()):
+            return ""
+        return f"TensorFlow's CPU allocator keeps no statistics here ({why}); {TURN_ON_CPU_STATISTICS}"
