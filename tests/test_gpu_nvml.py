@@ -148,7 +148,7 @@ def test_no_gpu_at_all():
 
 def test_nvidia_ml_py_not_installed(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
-    assert Nvml.open() == (None, "nvidia-ml-py is not installed (pip install 'pytest-tfmem[gpu]')")
+    assert Nvml.open() == (None, "nvidia-ml-py is not installed (pip install nvidia-ml-py)")
 
 
 def test_the_real_nvml_on_this_machine_opens_or_explains():

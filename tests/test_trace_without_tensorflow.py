@@ -224,3 +224,41 @@ def test_each_view_has_a_scalar_tag_of_its_own():
     tags = [scalar_tag(view) for view in ("host", "children", "tf:CPU:0", "jax:gpu:0", "torch:cuda:1")]
     assert tags == ["memory/host_rss_mib", "memory/children_mib", "memory/tf_CPU:0_mib", "memory/jax_gpu:0_mib",
                     "memory/torch_cuda:1_mib"]
+
+
+HIDE_TRACE_EXTRA = '''
+import importlib.abc
+import sys
+
+
+class Missing(importlib.abc.MetaPathFinder):
+    """As in an environment without the trace extra: tensorboard and matplotlib cannot be imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorboard", "matplotlib"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, Missing())
+'''
+
+
+def test_without_the_trace_extra_it_is_said_once_with_what_to_install(tmp_path, monkeypatch) -> None:
+    """Two traced failures: no note under each, one line at the end naming installable packages,
+    and no TensorBoard command that cannot run."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(HIDE_TRACE_EXTRA)  # this session and the drawing child
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")])))
+    (tmp_path / "project").mkdir()
+    run = run_pytest(tmp_path / "project", {"test_numpy.py": NUMPY_TESTS}, "-k", "test_over_budget and not not_traced",
+                     "--tfmem-trace=on-failure")
+    assert "2 failed" in run.output, run.output
+    assert "No module named" not in run.output and "open it:" not in run.output and "open them:" not in run.output
+    said = [line for line in run.output.splitlines() if "not installed" in line]
+    assert said == [
+        "tensorboard and matplotlib are not installed: the traces have no memory scalars or timeline.png, and no "
+        "viewer; pip install tensorboard tensorboard-plugin-profile xprof matplotlib (or the trace extra: pip install "
+        '"/path/to/pytest-tfmem[trace]" from a clone, or a wheel built from one)'
+    ]

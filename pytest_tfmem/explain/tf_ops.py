@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_tfmem.extras import install_hint
 from pytest_tfmem.units import format_size
 
 UNATTRIBUTED = "unused preallocated device memory"
@@ -75,7 +76,7 @@ def memory_profile(xplane_files: Sequence[Path]) -> dict[str, Any]:
     try:
         from xprof.convert import raw_to_tool_data
     except ImportError as error:
-        raise TraceUnreadable(f"xprof is not installed ({error}); install pytest-tfmem[trace]") from None
+        raise TraceUnreadable(f"xprof is not installed ({error}); {install_hint('trace')}") from None
     data, _ = raw_to_tool_data.xspace_to_tool_data([str(path) for path in xplane_files], "memory_profile", {})
     if not data:
         raise TraceUnreadable(f"xprof found no memory profile in {', '.join(map(str, xplane_files))}")

@@ -25,7 +25,9 @@ from typing import Any
 
 from .sampler import Sampler  # relative: loaded without the package by scripts/gpu_check.py
 
-INSTALL_HINT = "pip install 'pytest-tfmem[gpu]'"
+# pytest-tfmem is on no index: the package itself (``extras.install_hint``, which this module, loaded
+# without the package by scripts/gpu_check.py, cannot import)
+INSTALL_HINT = "pip install nvidia-ml-py"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pytest_tfmem import frameworks
 from pytest_tfmem.core.handoffs import TRACE_SUMMARY
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.retained import CHILDREN_VIEW, children_size, running_children
+from pytest_tfmem.extras import installed
 from pytest_tfmem.files import write_text_atomic
 from pytest_tfmem.frameworks.profiler import ProfilerCapture
 from pytest_tfmem.trace import timeline as timeline_module
@@ -73,6 +74,11 @@ def capturing(directory: Path) -> Iterator[Capture]:
 
 def tensorboard_command(directory: str) -> str:
     return f"tensorboard --logdir {shlex.quote(directory)}"
+
+
+def missing_for_traces() -> list[str]:
+    """The trace extra's modules a trace's scalars, PNG and viewer need that are not installed here."""
+    return [module for module in ("tensorboard", "matplotlib") if not installed(module)]
 
 
 @dataclass
@@ -130,7 +136,8 @@ def write_trace(capture: Capture, facts: TraceFacts) -> dict[str, Any]:
         },
         "output": OUTPUT if facts.output else None,
         "notes": [*facts.notes, *drawn.notes],
-        "tensorboard": tensorboard_command(str(directory)),
+        "missing": drawn.missing,  # modules the drawing needed (the session's summary says it once)
+        "tensorboard": tensorboard_command(str(directory)) if installed("tensorboard") else None,
     }
     write_text_atomic(directory / TRACE_SUMMARY, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary

@@ -25,11 +25,14 @@ TIMEOUT_S = 120
 
 @dataclass
 class Drawn:
-    """What the drawing wrote: the scalars' tags, the PNG's name (``None``: not written), notes."""
+    """What the drawing wrote: the scalars' tags, the PNG's name (``None``: not written), notes,
+    and the modules it missed (said once a session, by the trace feature's summary: not a note on
+    every trace)."""
 
     tags: list[str] = field(default_factory=list)
     png: str | None = None
     notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
 
 
 def draw(directory: Path, timeline: Timeline, starts: dict[str, int], *, title: str, budget: int | None,
@@ -57,7 +60,7 @@ def _draw_here(job: dict[str, Any]) -> Drawn:
     try:
         drawn.tags = write_scalars(directory, timeline, job["starts"], job["budget"])
     except ImportError as error:
-        drawn.notes.append(f"no TensorBoard scalars: {error} (install pytest-tfmem[trace])")
+        drawn.missing.append(error.name or str(error))
     except Exception as error:
         drawn.notes.append(f"no TensorBoard scalars: {error!r}")
     try:
@@ -65,7 +68,7 @@ def _draw_here(job: dict[str, Any]) -> Drawn:
                  exact_peak=job["exact_peak"], verdict_peak=job["verdict_peak"])
         drawn.png = PNG
     except ImportError as error:
-        drawn.notes.append(f"no {PNG}: {error} (install pytest-tfmem[trace])")
+        drawn.missing.append(error.name or str(error))
     except Exception as error:
         drawn.notes.append(f"no {PNG}: {error!r}")
     return drawn

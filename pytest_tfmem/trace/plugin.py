@@ -30,8 +30,16 @@ from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.record import TestRecord, publish
 from pytest_tfmem.core.rerun import Rerun, RerunResult, RerunUse
 from pytest_tfmem.core.verdict import describe_views
+from pytest_tfmem.extras import install_hint, installed
 from pytest_tfmem.trace import dirs as tracedirs
-from pytest_tfmem.trace.capture import Capture, TraceFacts, capturing, tensorboard_command, write_trace
+from pytest_tfmem.trace.capture import (
+    Capture,
+    TraceFacts,
+    capturing,
+    missing_for_traces,
+    tensorboard_command,
+    write_trace,
+)
 from pytest_tfmem.units import format_size
 
 ON_FAILURE, ALWAYS, OFF = "on-failure", "always", "off"
@@ -202,7 +210,7 @@ class TracePlugin:
         )
         info: dict[str, Any] = {
             **handoff.fields(),
-            "tensorboard": tensorboard_command(handoff.shown_directory),
+            "tensorboard": tensorboard_command(handoff.shown_directory) if installed("tensorboard") else None,
             "profiler": capture.profiler.status,
             "profiler_message": capture.profiler.message,
             "traced_peak_bytes": measurement.peak if measurement is not None else None,
@@ -257,7 +265,14 @@ class TracePlugin:
         )
         for nodeid, trace in traced.failing:
             terminalreporter.write_line(f"{nodeid}  {self._shown(Path(trace.directory))}")
-        terminalreporter.write_line(f"open them: {tensorboard_command(self._shown(session))}")
+        missing = missing_for_traces()
+        if missing:  # said once here, not under every trace
+            terminalreporter.write_line(
+                f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: the traces have no "
+                f"memory scalars or timeline.png{', and no viewer' if 'tensorboard' in missing else ''}; "
+                f"{install_hint('trace')}", yellow=True)
+        if "tensorboard" not in missing:
+            terminalreporter.write_line(f"open them: {tensorboard_command(self._shown(session))}")
 
 
 class TracedTests:
@@ -307,7 +322,8 @@ def section_lines(info: dict[str, Any]) -> list[str]:
         lines.append(f"memory timeline: {'; '.join(parts)}")
     lines += [f"note: {note}" for note in info["notes"]]
     lines.append(f"trace directory: {directory}")
-    lines.append(f"open it: {info['tensorboard']}")
+    if info.get("tensorboard"):  # where TensorBoard is installed
+        lines.append(f"open it: {info['tensorboard']}")
     return lines
 
 
