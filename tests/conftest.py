@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
 
 from pytest_tfmem import platforms
-from pytest_tfmem.core.record import PROPERTY, TestRecord, record_from_report
+from pytest_tfmem.core.record import TestRecord, record_from_report
 
 # The suite's outcomes must not depend on the machine it runs on: the frameworks' settings in the
 # environment (``KERAS_BACKEND=jax`` would move Keras off TensorFlow, ``TF_FORCE_GPU_ALLOW_GROWTH``,
@@ -71,20 +72,31 @@ def no_github_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
 
-def records_from_junit(path) -> dict[str, TestRecord]:
-    """tfmem records by test name, read back from a ``--junitxml`` file."""
-    records = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        for prop in case.iter("property"):
-            if prop.get("name") == PROPERTY:
-                record = TestRecord.from_dict(json.loads(prop.get("value")))
-                kinds = {child.tag for child in case}
-                record.outcome = next((o for tag, o in _OUTCOMES if tag in kinds), "passed")
-                records[case.get("name")] = record
+RECORDS_PLUGIN = Path(__file__).resolve().parent / "records_dump.py"
+
+
+def dump_records(directory: Path) -> tuple[str, str]:
+    """The arguments that make an inner session in ``directory`` write its tests' records
+    (``records_dump``); read them with ``dumped_records(directory)``."""
+    shutil.copy(RECORDS_PLUGIN, directory / RECORDS_PLUGIN.name)
+    return "-p", RECORDS_PLUGIN.stem
+
+
+def dumped_records(directory: Path) -> dict[str, TestRecord]:
+    """The tfmem records by test name (the last attempt's: pytest-rerunfailures), each as its
+    teardown report carried it (what it left behind included), with its call's outcome (``failed``
+    where its teardown failed)."""
+    records: dict[str, TestRecord] = {}
+    path = directory / "tfmem-records.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        entry = json.loads(line)
+        record = TestRecord.from_dict(entry["record"])
+        name = record.nodeid.split("::")[-1]
+        if entry["when"] == "teardown":  # what the test left behind, with the call's outcome
+            called = records.get(name)
+            record.outcome = "failed" if entry["outcome"] == "failed" else (called.outcome if called else "passed")
+        records[name] = record
     return records
-
-
-_OUTCOMES = (("failure", "failed"), ("error", "failed"), ("skipped", "skipped"))
 
 
 class _CallRecords:
@@ -112,8 +124,10 @@ def run_subprocess_records(pytester: pytest.Pytester):
 
     def run(*args: str) -> tuple[pytest.RunResult, dict[str, TestRecord]]:
         junit = pytester.path / "junit.xml"
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--junitxml={junit}", *args)
-        return result, records_from_junit(junit)
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", f"--junitxml={junit}", *dump_records(pytester.path), *args
+        )
+        return result, dumped_records(pytester.path)
 
     return run
 

@@ -98,7 +98,10 @@ def test_junit_xml_has_each_tests_peak_properties(serial):
     for name, case in cases.items():
         properties = {p.get("name"): p.get("value") for p in case.iter("property")}
         assert int(properties["tfmem_peak_bytes"]) == peaks[name]
-        assert int(properties["tfmem_host_bytes"]) == peaks[name]  # numpy only: the host view is the peak
+        assert set(properties) <= {"tfmem_peak_bytes", "tfmem_budget_bytes", "tfmem_retained_bytes", "tfmem_verdict"}
+    verdicts = {name: case.find("properties/property[@name='tfmem_verdict']").get("value") for name, case in cases.items()}
+    assert verdicts == {"test_grow": "failed: baseline", "test_over_budget": "failed: budget", "test_steady": "ok",
+                        "test_other": "ok"}
     assert int(cases["test_grow"].find("properties/property[@name='tfmem_peak_bytes']").get("value")) > 118 * MB
     budget = cases["test_over_budget"].find("properties/property[@name='tfmem_budget_bytes']")
     assert int(budget.get("value")) == 10 * MB

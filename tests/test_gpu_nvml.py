@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from conftest import records_from_junit
+from conftest import dump_records, dumped_records
 from fake_nvml import FakeGpu, FakeNvml, NVMLError_DriverNotLoaded, NVMLError_GpuIsLost
 
 from pytest_tfmem.core.measure import PeakTracker
@@ -257,7 +257,7 @@ def test_gpu_budget_on_nvml_views_fails_as_its_own_test(pytester: pytest.Pyteste
     pytester.makepyfile(test_gpu=GPU_TESTS)
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--junitxml={junit}", "--tfmem-gpu-budget=2GiB", "--tfmem-nvml-interval=0.005",
+        "-p", "no:cacheprovider", f"--junitxml={junit}", *dump_records(pytester.path), "--tfmem-gpu-budget=2GiB", "--tfmem-nvml-interval=0.005",
         *workers,
     )
     result.assert_outcomes(passed=2, failed=1, xfailed=1)
@@ -271,7 +271,7 @@ def test_gpu_budget_on_nvml_views_fails_as_its_own_test(pytester: pytest.Pyteste
         ]
     )
     assert "no GPU views" not in result.stdout.str()
-    records = records_from_junit(junit)
+    records = dumped_records(pytester.path)
     moment = records["test_takes_3GiB_on_gpu_1_for_a_moment"].measurement
     # Seen by the sampler: the 3 GiB were given back before the test ended.
     assert (moment.view("nvml:1").peak, moment.view("nvml:1").end) == (3 * GiB, 0)

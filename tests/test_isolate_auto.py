@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from conftest import records_from_junit
+from conftest import dump_records, dumped_records
 
 KILLS_ITS_PROCESS = """
 import os
@@ -36,7 +36,7 @@ def test_auto_isolates_the_test_that_was_running_when_the_session_died(pytester:
     assert first.ret == -signal.SIGKILL
 
     second = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--tfmem-isolate=auto", "--tfmem-budget=1GB", f"--junitxml={junit}", *workers
+        "-p", "no:cacheprovider", "--tfmem-isolate=auto", "--tfmem-budget=1GB", f"--junitxml={junit}", *dump_records(pytester.path), *workers
     )
     second.assert_outcomes(passed=2, failed=1)
     second.stdout.fnmatch_lines(
@@ -47,7 +47,7 @@ def test_auto_isolates_the_test_that_was_running_when_the_session_died(pytester:
             "(pid *) died*; this time: killed by SIGKILL",
         ]
     )
-    records = records_from_junit(junit)
+    records = dumped_records(pytester.path)
     assert "isolated" not in records["test_before"].extra
     assert "isolated" not in records["test_after"].extra
     assert records["test_kills_its_process"].extra["isolated"]["death"] == "killed by SIGKILL"

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import records_from_junit
+from conftest import dump_records, dumped_records
 
 LIMIT = 2**30
 V1_MEMORY = Path("/sys/fs/cgroup/memory")
@@ -110,7 +110,7 @@ def memory_cgroup() -> Iterator[MemoryCgroup]:
 def _pytest(pytester: pytest.Pytester, cgroup: MemoryCgroup, *args: str) -> pytest.RunResult:
     junit = pytester.path / "junit.xml"
     return pytester.run(
-        *cgroup.command("python", "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *args),
+        *cgroup.command("python", "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *dump_records(pytester.path), *args),
         timeout=300,
     )
 
@@ -133,7 +133,7 @@ def test_the_oom_killer_kills_an_isolated_test_and_the_session_goes_on(
         ]
     )
     assert memory_cgroup.oom_kills() == 1
-    records = records_from_junit(pytester.path / "junit.xml")
+    records = dumped_records(pytester.path)
     runaway = records["test_runaway"].extra["isolated"]
     assert runaway["death"] == "killed by SIGKILL"
     assert runaway["tree_peak_sampled"] >= 0.5 * LIMIT  # the readings saw it grow towards the limit
@@ -166,7 +166,7 @@ def test_isolate_auto_explains_the_test_that_killed_the_last_session(
             "this time: killed by SIGKILL",
         ]
     )
-    records = records_from_junit(pytester.path / "junit.xml")
+    records = dumped_records(pytester.path)
     assert "isolated" not in records["test_before"].extra  # the others ran in process
     assert "isolated" not in records["test_after"].extra
     assert records["test_runaway"].extra["isolated"]["reason"].startswith("running when the session started")

@@ -17,7 +17,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from conftest import records_from_junit
+from conftest import dump_records, dumped_records
 
 from pytest_tfmem.core.record import TestRecord
 
@@ -105,11 +105,11 @@ def run_loops(directory: Path, keras_module: str, selection: str) -> LoopRun:
     (directory / f"test_{keras_module}_loops.py").write_text(LOOPS.replace("KERAS", keras_module))
     junit = directory / "junit.xml"
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tfmem-trace=off", f"--junitxml={junit}",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tfmem-trace=off", f"--junitxml={junit}", *dump_records(directory),
          "-k", selection],
         cwd=directory, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "250"},
     )
-    run = LoopRun(completed.stdout + completed.stderr, records_from_junit(junit))
+    run = LoopRun(completed.stdout + completed.stderr, dumped_records(directory))
     print_measured(keras_module, run)
     return run
 

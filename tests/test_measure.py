@@ -252,14 +252,15 @@ class Case(unittest.TestCase):
 
 
 def test_a_test_ending_with_memory_in_swap_carries_a_note(pytester: pytest.Pytester):
-    from conftest import records_from_junit
+    from conftest import dump_records, dumped_records
 
     pytester.makeconftest(SWAPPED_CONFTEST)
     pytester.makepyfile(test_swapped=SWAPPED_TESTS)
     junit = pytester.path / "junit.xml"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--junitxml={junit}", "-rA")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--junitxml={junit}", "-rA",
+                                           *dump_records(pytester.path))
     result.assert_outcomes(passed=2)
     note = "300.0 MiB of this process was in swap at the end: the host view counts resident memory only, so it may read low by up to that much"
     assert result.stdout.str().count(note) == 2  # in each test's tfmem section
-    records = records_from_junit(junit)
+    records = dumped_records(pytester.path)
     assert [records[name].measurement.notes for name in ("test_function", "test_method")] == [(note,), (note,)]

@@ -139,7 +139,7 @@ def test_a_passed_tests_section_stays_where_the_terminal_shows_passes(pytester, 
                                  "test_many.py::test_passes[[]0[]] * 0%", "host RSS: exact: *"])
 
 
-def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_junit_has_them(pytester):
+def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_its_outputs_have_them(pytester):
     pytester.makeconftest(HELD)
     pytester.makepyfile(test_many=TESTS)
     junit = pytester.path / "junit.xml"
@@ -157,11 +157,15 @@ def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_jun
     # over them that feeds the summaries, and the table's reader keeps its ten heaviest (of 61).
     assert alive == 10, alive
     assert flat == 2 * 61  # the flat figures stay on the call and teardown reports
-    # JUnit XML read each record as it was logged, and the JSON report read them back from disk
+    # JUnit XML got the figures a CI reader needs as each test was logged (well under 300 bytes a
+    # test), and the JSON report read the whole records back from disk
     properties = {
         case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}
         for case in ElementTree.parse(junit).iter("testcase")
     }
+    for case in ElementTree.parse(junit).iter("testcase"):
+        written = ElementTree.tostring(case.find("properties"), encoding="unicode")
+        assert len(written.encode()) <= 300, written
     text = (pytester.path / "report.json").read_text()
     # written a test at a time, yet the bytes json.dumps gives the whole, its tests in node-id order
     assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
@@ -172,7 +176,11 @@ def test_a_session_keeps_no_record_in_memory_and_none_on_pytests_reports_yet_jun
     report = {test["nodeid"].split("::")[-1]: test for test in json.loads(text)["tests"]}
     assert len(properties) == len(report) == 61
     for name, test in report.items():
-        assert {**json.loads(properties[name][PROPERTY]), "outcome": test["outcome"]} == test, name  # the item's has none
+        assert PROPERTY not in properties[name] and "tfmem_host_bytes" not in properties[name]
+        assert int(properties[name]["tfmem_peak_bytes"]) == test["measurement"]["peak"], name
+        assert int(properties[name]["tfmem_retained_bytes"]) == test["retained_bytes"], name
+        assert int(properties[name]["tfmem_budget_bytes"]) == test["budget"] == 30 * 10**6
+        assert properties[name]["tfmem_verdict"] == ("failed: budget" if name == "test_over" else "ok"), name
     # the table, read back from disk: the heaviest first
     result.stdout.fnmatch_lines(["*peak memory need per test (heaviest first)*", "test  *", "test_many.py::test_over *over budget"])
 

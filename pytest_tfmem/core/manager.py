@@ -29,7 +29,7 @@ from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherit
 from pytest_tfmem.core.fixture import FIXTURE_TYPE, TfmemFixture
 from pytest_tfmem.core.handoffs import PROFILER_IN_USE
 from pytest_tfmem.core.measure import Measurement, Monitor, PeakTracker, probes
-from pytest_tfmem.core.record import TestRecord, publish, record_from_report, unpublish
+from pytest_tfmem.core.record import TestRecord, publish, record_from_report, slim_for_junit, unpublish
 from pytest_tfmem.core.record_store import RecordStore
 from pytest_tfmem.core.rerun import (
     RERUN_KEYWORD,
@@ -682,12 +682,19 @@ class TfmemManager:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
         self._gather(report)
+        if report.when == "teardown" and self._writes_junit:  # the teardown's properties are its <testcase>'s
+            slim_for_junit(report)
         try:
             return (yield)
         finally:
             unpublish(report)
             if report.passed and not self._passes_shown:
                 report.sections[:] = [kept for kept in report.sections if not _is_tfmem_section(kept[0])]
+
+    @functools.cached_property
+    def _writes_junit(self) -> bool:
+        """pytest writes a JUnit XML file from this process (on the controller under pytest-xdist)."""
+        return pytest_internals.writes_junit_xml(self.config)
 
     @functools.cached_property
     def _passes_shown(self) -> bool:

@@ -118,3 +118,11 @@ def shown_at_the_end(config: pytest.Config) -> str:
     from _pytest.terminal import getreportopt
 
     return getreportopt(config)
+
+
+def writes_junit_xml(config: pytest.Config) -> bool:
+    """pytest's JUnit XML writer is on in this process (``--junitxml``; not on a pytest-xdist
+    worker, where pytest leaves it off): from ``_pytest.junitxml.xml_key``."""
+    from _pytest.junitxml import xml_key
+
+    return config.stash.get(xml_key, None) is not None

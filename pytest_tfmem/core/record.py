@@ -29,6 +29,9 @@ from pytest_tfmem.errors import CHECK_BY_FAILURE
 PROPERTY = "tfmem"
 PEAK_PROPERTY = "tfmem_peak_bytes"  # flat figures, beside the record: JUnit XML shows them
 BUDGET_PROPERTY = "tfmem_budget_bytes"
+GPU_BUDGET_PROPERTY = "tfmem_gpu_budget_bytes"
+RETAINED_PROPERTY = "tfmem_retained_bytes"
+VERDICT_PROPERTY = "tfmem_verdict"  # in JUnit XML: ``ok``, or the checks it failed (``failed: budget``)
 
 
 @dataclass
@@ -128,15 +131,13 @@ class TestRecord:
         properties: list[tuple[str, object]] = [(PROPERTY, json.dumps(self.to_dict(), sort_keys=True))]
         if self.measurement is not None:
             properties.append((PEAK_PROPERTY, self.measurement.peak))
-            for view in self.measurement.views:
-                name = view.view.replace(":", "_")
-                properties.append((sys.intern(f"tfmem_{name}_bytes"), view.increase))  # one string a session
+            properties += [(_view_property(view.view), view.increase) for view in self.measurement.views]
         if self.budget is not None:  # a plain int: pytest-xdist sends only the types it knows (not a ``units.Size``)
             properties.append((BUDGET_PROPERTY, int(self.budget)))
         if self.gpu_budget is not None:
-            properties.append(("tfmem_gpu_budget_bytes", int(self.gpu_budget)))
+            properties.append((GPU_BUDGET_PROPERTY, int(self.gpu_budget)))
         if self.retained is not None:
-            properties.append(("tfmem_retained_bytes", self.retained.bytes))
+            properties.append((RETAINED_PROPERTY, self.retained.bytes))
         return properties
 
 
@@ -181,6 +182,7 @@ def unpublish(holder: pytest.Item | pytest.TestReport) -> None:
     reports, the item after its teardown report): pytest keeps every report and item to the
     session's end, and the record is kept on disk (``core.record_store``). The flat figures stay."""
     if isinstance(holder, pytest.TestReport):  # logged: the item holds no more than its last report
+        _slimmed.pop(id(holder), None)
         for name, value in holder.user_properties:
             if name == PROPERTY and isinstance(value, str):
                 _published.pop(value, None)
@@ -188,12 +190,41 @@ def unpublish(holder: pytest.Item | pytest.TestReport) -> None:
 
 
 def published_record(holder: pytest.Item | pytest.TestReport) -> TestRecord | None:
-    """The record ``publish`` put on ``holder``, or ``None``."""
+    """The record ``publish`` put on ``holder`` (or that ``slim_for_junit`` took off it), or ``None``."""
     for name, value in holder.user_properties:
         if name == PROPERTY and isinstance(value, str):
             known = _published.get(value)
             return _copy(known) if known is not None else TestRecord.from_dict(json.loads(value))
-    return None
+    slimmed = _slimmed.get(id(holder))
+    return _copy(slimmed[1]) if slimmed is not None and slimmed[0] is holder else None
+
+
+# Reports whose properties ``slim_for_junit`` cut, with their records, until ``unpublish``: by id,
+# with the report to tell a reused id apart.
+_slimmed: dict[int, tuple[pytest.TestReport, TestRecord]] = {}
+
+
+def slim_for_junit(report: pytest.TestReport) -> None:
+    """Leave on a teardown report, which pytest's JUnit XML writer reads, only the figures a CI
+    reader needs (``JUNIT_PROPERTIES``, well under 300 bytes a test) and the verdict; the whole record
+    stays readable in this process (``published_record``) until the report is logged."""
+    record = published_record(report)
+    if record is None:
+        return
+    _slimmed[id(report)] = (report, record)
+    failed = record.failed_checks
+    verdict = f"failed: {', '.join(failed)}" if failed else "ok"
+    views = {_view_property(view.view) for view in record.measurement.views} if record.measurement else set()
+    for name, value in report.user_properties:
+        if name == PROPERTY and isinstance(value, str):  # held here now, no longer by its JSON
+            _published.pop(value, None)
+    kept = [(name, value) for name, value in report.user_properties if name != PROPERTY and name not in views]
+    report.user_properties[:] = [*kept, (VERDICT_PROPERTY, verdict)]
+
+
+def _view_property(view: str) -> str:
+    """``tfmem_tf_CPU_0_bytes``: a view's flat figure (one string a session)."""
+    return sys.intern(f"tfmem_{view.replace(':', '_')}_bytes")
 
 
 def record_from_report(report: pytest.TestReport) -> TestRecord | None:
