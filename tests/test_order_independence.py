@@ -78,3 +78,67 @@ def test_a_missing_tensorflow_cpu_view_is_said_with_how_to_turn_it_on(pytester, 
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", "-n", "2")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"tfmem: on the workers: {said}"])
+
+
+FREED_BY_A_FIXTURE = """
+import pytest
+
+kept = {"rows": [bytearray(1000) for _ in range(100_000)]}  # ~100 MB in glibc's heap, not mmapped
+
+
+@pytest.fixture
+def cleared():
+    kept["rows"] = None  # freed into the heap during the test's setup, resident until handed back
+    yield
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_after_a_parameter(run):
+    pass
+
+
+def test_reuses_what_its_fixture_freed(cleared):
+    made = [bytearray(1000) for _ in range(50_000)]  # ~50 MB: would fit in what the fixture freed
+    assert len(made) == 50_000
+"""
+
+COUNT_TRIMS = """
+from pytest_tfmem import platforms
+
+calls = []
+
+
+def pytest_configure(config):
+    platform = platforms.current()
+    original = platform.release_freed_heap
+
+    def counted():
+        calls.append(1)
+        original()
+
+    platform.release_freed_heap = counted
+
+
+def pytest_sessionfinish(session):
+    with open("trims.txt", "w") as out:
+        out.write(str(len(calls)))
+"""
+
+
+@pytest.mark.linux  # glibc's malloc_trim
+def test_a_window_skips_the_second_trim_only_where_no_fixture_ran_since_the_boundary(pytester):
+    """Freed heap is handed back once between two tests (a trim walks the whole heap); a test whose
+    own fixture freed memory still starts from a trimmed heap, so what it reuses is counted."""
+    pytester.makeconftest(COUNT_TRIMS)
+    pytester.makepyfile(test_freed=FREED_BY_A_FIXTURE)
+    reports = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--tfmem-report={reports}",
+                                           "-p", "no:randomly")
+    result.assert_outcomes(passed=4)
+    import json
+
+    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(reports.read_text())["tests"]}
+    assert tests["test_reuses_what_its_fixture_freed"]["measurement"]["peak"] > 45 * 2**20  # not read as ~0
+    trims = int((pytester.path / "trims.txt").read_text())
+    # a boundary per test (and the first test's start), and one more window start where a fixture ran
+    assert trims <= 4 + 1 + 1 + 2, trims

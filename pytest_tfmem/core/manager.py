@@ -212,6 +212,8 @@ class TfmemManager:
         # (the session feature, where it keeps them); a limit on the process (isolate) reads
         # this rather than the process again.
         self.last_boundary: Boundary | None = None
+        self._fixture_setups = 0  # fixtures set up so far (``pytest_fixture_setup``)
+        self._collected_at: int | None = None  # that count when the books last collected the process
         remove_inherited_ledgers()
 
     def add_reader(self, kind: type[R], factory: Callable[[], R]) -> None:
@@ -351,10 +353,27 @@ class TfmemManager:
         with self.native_log.held():
             frameworks.warm_up(first_use)
 
-    def prepare_and_warm_up(self, item: pytest.Item) -> None:
-        """Before a measured test where no books are kept: the frameworks' runtimes, their first uses."""
-        self.prepare_frameworks(item)
-        self._warm_up_due()
+    def prepare_and_warm_up(self, item: pytest.Item) -> bool:
+        """Before a measured test where no books are kept: the frameworks' runtimes, their first
+        uses; whether anything ran."""
+        prepared = bool(self.prepare_frameworks(item))
+        return self._warm_up_due() or prepared
+
+    def note_collected(self) -> None:
+        """The process was just collected and its freed heap handed back (the session's books read a
+        boundary): a window that opens before any fixture is set up need not do it again."""
+        self._collected_at = self._fixture_setups
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[object]) -> None:
+        """Counted: a fixture set up since the process was last collected may have freed memory (a
+        ``parametrize`` argument's runs no code)."""
+        if not pytest_internals.is_direct_parameter(fixturedef):
+            self._fixture_setups += 1
+
+    def _collected_since_fixtures(self) -> bool:
+        """Nothing but pytest's own set-up ran since the process was last collected and trimmed."""
+        return self._collected_at == self._fixture_setups
 
     def _prepare_inside_import(self, imported: str) -> None:
         """A test's own first import of a framework (or of Keras) ends: its runtime starts and its
@@ -490,8 +509,10 @@ class TfmemManager:
         if not self.is_measured(item):
             yield
             return
-        self.prepare_and_warm_up(item)
-        monitor = self._new_monitor()
+        ran = self.prepare_and_warm_up(item)
+        # A collection and malloc_trim walk the whole heap (a trim ~2.7 ms in a 1.3 GiB process): not
+        # twice in a row with nothing in between (docs/measurement.md, "What measuring costs").
+        monitor = self._new_monitor(release_first=ran or not self._collected_since_fixtures())
         item.stash[MONITOR] = monitor
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
             del item.stash[RECORD]
@@ -527,9 +548,11 @@ class TfmemManager:
         host.release_freed_memory(self.collector.collect)
         return current_level()
 
-    def _new_monitor(self) -> Monitor:
-        """A test's window: garbage collected first, host and TensorFlow memory sampled together too."""
-        return Monitor(collect=self.collector.collect, sample_mixed=True, trackers=self.trackers())
+    def _new_monitor(self, release_first: bool = True) -> Monitor:
+        """A test's window: garbage collected first (``release_first``: unless that was just done),
+        host and TensorFlow memory sampled together too."""
+        return Monitor(release_first=release_first, collect=self.collector.collect, sample_mixed=True,
+                       trackers=self.trackers())
 
     def rerun_to_confirm(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> None:
         """Run the body once more where a verdict on the test's figures must reproduce to stand, or

@@ -126,3 +126,11 @@ def writes_junit_xml(config: pytest.Config) -> bool:
     from _pytest.junitxml import xml_key
 
     return config.stash.get(xml_key, None) is not None
+
+
+def is_direct_parameter(fixturedef: pytest.FixtureDef[object]) -> bool:
+    """The pseudo-fixture pytest makes for a ``parametrize`` argument (it hands the value over
+    and runs no code of the test's): ``_pytest.python.get_direct_param_fixture_func``."""
+    from _pytest.python import get_direct_param_fixture_func
+
+    return fixturedef.func is get_direct_param_fixture_func

@@ -168,6 +168,7 @@ class SessionBooks:
         if reading is None or collector.full_collections != full_collections:
             reading = read_collected_level()
         level = self._pool.level(reading)
+        manager(self.config).note_collected()
         if self._torn_down is not None:
             fixturedef, before = self._torn_down
             self._torn_down = None
