@@ -4,10 +4,17 @@ They derive from pytest's own ``Failed`` outcome (``pytest.fail.Exception``) wit
 ``pytrace=False``, so a check failure is reported as the test's failure with a plain
 message instead of a traceback into the plugin, and can be named by
 ``pytest.raises(...)`` or ``pytest.mark.xfail(raises=...)``.
+
+``Failed`` is a ``BaseException``: ``except Exception`` does not catch it, which keeps a test's
+own ``try: ... except Exception`` from swallowing its failure. Outside a pytest test (a script,
+a notebook) the library API (``assert_no_leak``) raises the same class made an ``Exception`` as
+well (``failure``): ``except LeakDetected`` and ``except Exception`` both catch it, and IPython
+shows one error rather than a crash report.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -67,6 +74,38 @@ class RetainedRegression(TfmemFailure):
 
 class LeakDetected(TfmemFailure):
     """Memory grew per iteration by more than ``max_growth`` in a leak check."""
+
+
+# Each failure class made an ``Exception`` too, for the library API outside pytest: made once.
+_CATCHABLE: dict[type[TfmemFailure], type[TfmemFailure]] = {}
+# pytest sessions configured in this process with tfmem's plugin (``core.manager``): a script a
+# test starts inherits the test's environment, not its session.
+_sessions = [0]
+
+
+def session_configured(started: bool) -> None:
+    """tfmem's plugin was configured (``True``) or unconfigured in a pytest session of this process."""
+    _sessions[0] += 1 if started else -1
+
+
+def in_a_pytest_test() -> bool:
+    """A pytest test of this process is running: a session with tfmem's plugin is configured here,
+    and pytest set ``PYTEST_CURRENT_TEST`` around the test's setup, call and teardown."""
+    return _sessions[0] > 0 and "PYTEST_CURRENT_TEST" in os.environ
+
+
+def catchable(failure_type: type[TfmemFailure]) -> type[TfmemFailure]:
+    """``failure_type`` (``LeakDetected``) as a subclass that is an ``Exception`` too, of the same name."""
+    if failure_type not in _CATCHABLE:
+        _CATCHABLE[failure_type] = type(failure_type.__name__, (failure_type, Exception),
+                                        {"__module__": failure_type.__module__, "__doc__": failure_type.__doc__})
+    return _CATCHABLE[failure_type]
+
+
+def failure(failure_type: type[TfmemFailure], message: str) -> TfmemFailure:
+    """The exception the library API raises: ``failure_type`` itself inside a pytest test (it fails
+    the test as a tfmem check does), ``catchable(failure_type)`` anywhere else."""
+    return (failure_type if in_a_pytest_test() else catchable(failure_type))(message)
 
 
 class MemoryLimitWarning(pytest.PytestWarning):

@@ -203,3 +203,47 @@ def test_scanning_for_growing_containers_raises_no_warning_from_what_it_looks_at
         warnings.simplefilter("error")
         lengths = _container_lengths(looked_at, set())
     assert lengths == {id(looked_at[1]): 2, id(looked_at[2]): 1}
+
+
+LEAKING_SCRIPT = """
+from pytest_tfmem import LeakDetected, assert_no_leak
+
+kept = []
+
+
+def grows():
+    kept.append(bytearray(4 * 2**20))
+
+
+try:
+    assert_no_leak(grows, iterations=6, warmup=1, max_growth="1MB")
+except Exception as error:  # a script's or a notebook's handler
+    print("caught:", type(error).__name__, isinstance(error, LeakDetected), str(error).splitlines()[0][:40])
+"""
+
+SWALLOWED_IN_A_TEST = """
+from pytest_tfmem import assert_no_leak
+
+kept = []
+
+
+def test_a_handler_in_the_test_does_not_hide_the_leak():
+    try:
+        assert_no_leak(lambda: kept.append(bytearray(4 * 2**20)), iterations=6, warmup=1, max_growth="1MB")
+    except Exception:
+        pass
+"""
+
+
+def test_outside_pytest_a_leak_is_an_exception_and_inside_a_test_it_fails_the_test(pytester: pytest.Pytester):
+    import subprocess
+    import sys
+
+    script = pytester.path / "leaking.py"
+    script.write_text(LEAKING_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("caught: LeakDetected True tfmem: "), done.stdout + done.stderr
+    pytester.makepyfile(test_swallowed=SWALLOWED_IN_A_TEST)
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(failed=1)  # as before: a test's own handler does not swallow tfmem's failure
+    result.stdout.fnmatch_lines(["tfmem: leak: +4.0 MiB per iteration > max_growth*"])

@@ -45,7 +45,7 @@ from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
 from pytest_tfmem.core.verdict import Verdict, check_budget, what_used_line
-from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for
+from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for, session_configured
 from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.frameworks.native_log import HeldLog
 from pytest_tfmem.probes import children as children_probe, host
@@ -117,6 +117,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered here, whichever feature made it first: its hooks keep their place among the
     # features' (its terminal summary after the CI gates', before the GPU notes).
     config.pluginmanager.register(manager(config), "tfmem-manager")
+    session_configured(True)  # the library API's failures fail this session's tests
 
 
 TFMEM_DECLARATIONS = features.Declarations(
@@ -801,6 +802,7 @@ class TfmemManager:
         return self.native_log.summary_lines(self._verbose)
 
     def pytest_unconfigure(self) -> None:
+        session_configured(False)
         self.records.remove()
         if self._imports is not None:
             self._imports.uninstall()

@@ -25,7 +25,7 @@ from typing import Any, ParamSpec
 from pytest_tfmem.core import measure
 from pytest_tfmem.core.retained import CHILDREN_VIEW, children_size, running_children
 from pytest_tfmem.core.verdict import Verdict, view_label
-from pytest_tfmem.errors import LeakDetected
+from pytest_tfmem.errors import LeakDetected, failure
 from pytest_tfmem.leaks.diagnosis import GrowthTracker, LeakDiagnosis
 from pytest_tfmem.probes import host
 from pytest_tfmem.units import format_size, parse_size
@@ -282,4 +282,4 @@ assert_no_leak = failing_on_leak(
 
 def raise_if_leaked(report: LeakReport) -> None:
     if report.leaked:
-        raise LeakDetected(f"tfmem: {report.describe()}")
+        raise failure(LeakDetected, f"tfmem: {report.describe()}")
