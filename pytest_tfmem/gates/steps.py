@@ -37,6 +37,8 @@ NOISE_FACTOR = 4.0
 # of them is a step.
 STEP_OVER_SLOPE = 3.0
 TREND_POINTS = 3  # the changes on each side of a jump that give its trend
+# A rise larger than the whole creep by this factor was partly undone since (by less, it is noise).
+UNDONE_SHARE = 1.1
 # The median absolute deviation, scaled to estimate a normal distribution's standard deviation.
 _MAD_SCALE = 1.4826
 
@@ -155,7 +157,7 @@ class Creep:
         rises = ""
         if self.rises:
             commit, size, rise_share = self.rises[0]
-            if size > self.change:
+            if size > UNDONE_SHARE * self.change:
                 rises = f", the largest rise {rise_share:+.1%} (at {short(commit)}), partly undone since"
             elif 2 * size >= self.change and self.commits > 1:
                 rises = f", most of it at {short(commit)} ({rise_share:+.1%})"
