@@ -15,11 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.core.measure import Measurement, ViewReading
-from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.retained import Level, ProcessAccount, Retained
-from pytest_tfmem.core.summary import result_word, summary_rows
-from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.environment import current_environment
 from pytest_tfmem.gates.steps import Point, steps
@@ -203,23 +199,3 @@ def test_the_explained_share_never_exceeds_all_and_no_pool_is_named_without_one(
     pooled = ProcessAccount(None)
     pooled.add("t.py::test_a", Retained(Level(100 * MIB, 0, 8 * MIB), Level(150 * MIB, 0, 8 * MIB), seq=1))
     assert process_line(pooled).endswith("explained by tests, fixtures, imports and the pool")
-
-
-@pytest.mark.parametrize(("check", "said"), [("history", "over its history"), ("baseline", "over its baseline"),
-                                             ("budget", "over budget"), ("my_own", "failed")])
-def test_a_failed_checks_row_says_which_check_before_the_report_says_failed(check: str, said: str) -> None:
-    """The table in a failed test's section is made before its report has an outcome."""
-    record = TestRecord("t.py::test_x", Measurement((ViewReading("host", 0, 16 * MIB, 16 * MIB),), 0.1))
-    record.verdicts = [Verdict(check, False, "over")]
-    (header, row) = summary_rows([record], 1)
-    assert row[header.index("result")] == said
-
-
-def test_an_expected_failure_says_what_failed_in_every_table() -> None:
-    """The heaviest tests' table and the isolated tests' both read ``result_word``."""
-    record = TestRecord("t.py::test_x", Measurement((ViewReading("host", 0, 16 * MIB, 16 * MIB),), 0.1))
-    record.verdicts, record.outcome = [Verdict("budget", False, "over")], "xfailed"
-    assert result_word(record) == "xfailed (over budget)"
-    assert result_word(record, death="killed at kill_at") == "xfailed (killed at kill_at)"
-    record.outcome = "failed"
-    assert result_word(record) == "over budget"

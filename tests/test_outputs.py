@@ -10,6 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from pytest_tfmem.core.measure import Measurement, ViewReading
+from pytest_tfmem.core.record import TestRecord
+from pytest_tfmem.core.retained import Level, Retained, SessionAccount
+from pytest_tfmem.core.summary import result_word, summary_rows
+from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.session.summary import native_lines
+
+MIB = 2**20
+
 pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
 
 TESTS = """
@@ -194,3 +203,32 @@ def test_the_commands_make_missing_directories_and_refuse_a_path_they_cannot_wri
         refused = tfmem(pytester.path, *(part.format("taken/dir") for part in command))
         assert refused.returncode == 2 and "taken is a file, not a directory" in refused.stderr, refused.stderr
     assert (pytester.path / "taken").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(("check", "said"), [("history", "over its history"), ("baseline", "over its baseline"),
+                                             ("budget", "over budget"), ("my_own", "failed")])
+def test_a_failed_checks_row_says_which_check_before_the_report_says_failed(check: str, said: str) -> None:
+    """The table in a failed test's section is made before its report has an outcome."""
+    record = TestRecord("t.py::test_x", Measurement((ViewReading("host", 0, 16 * MIB, 16 * MIB),), 0.1))
+    record.verdicts = [Verdict(check, False, "over")]
+    (header, row) = summary_rows([record], 1)
+    assert row[header.index("result")] == said
+
+
+def test_an_expected_failure_says_what_failed_in_every_table() -> None:
+    """The heaviest tests' table and the isolated tests' both read ``result_word``."""
+    record = TestRecord("t.py::test_x", Measurement((ViewReading("host", 0, 16 * MIB, 16 * MIB),), 0.1))
+    record.verdicts, record.outcome = [Verdict("budget", False, "over")], "xfailed"
+    assert result_word(record) == "xfailed (over budget)"
+    assert result_word(record, death="killed at kill_at") == "xfailed (killed at kill_at)"
+    record.outcome = "failed"
+    assert result_word(record) == "over budget"
+
+
+def test_the_native_memory_line_says_whose_memory_was_weighed() -> None:
+    """Not ``... of the 415.4 MiB that 9 tests weighed kept``."""
+    account = SessionAccount()
+    account.add("t.py::test_a", Retained(Level(100 * MIB), Level(150 * MIB), seq=1, named_bytes=2 * MIB))
+    (line,) = native_lines(account)
+    assert line.startswith("most of it is native memory: of the 50.0 MiB kept by the 1 test whose objects were "
+                           "weighed, the objects named account for 2.0 MiB; ")
