@@ -70,6 +70,13 @@ __all__ = [
 ]
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext pytest_tfmem``: the ``%%tfmem`` and ``%tfmem`` magics (``pytest_tfmem.notebook``)."""
+    from pytest_tfmem.notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:

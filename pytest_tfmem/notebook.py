@@ -1,0 +1,97 @@
+"""The IPython extension: ``%load_ext pytest_tfmem`` in IPython or a Jupyter notebook.
+
+- ``%%tfmem`` measures a cell as a test's window is measured (``core.measure.Monitor``): its exact
+  peak above where it started (the kernel's high-water mark, reset for the cell), what it left
+  behind once its garbage was collected, and the frameworks' views (TensorFlow's allocators,
+  JAX's and PyTorch's devices) where they are loaded.
+- ``%%tfmem 2GB`` also holds the cell to that budget: over it, the cell ends in one error
+  (``BudgetExceeded``, an ``Exception`` here) with the figures and what used the memory. The
+  cell's variables stay as the cell left them; the kernel is untouched.
+- ``%tfmem STATEMENT`` (``%tfmem 2GB STATEMENT``) does the same for one line, as ``%memit`` does.
+
+Bad input (``%%tfmem 2 gigs``) is a one-line usage error that runs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_tfmem.core.measure import Monitor
+from pytest_tfmem.core.retained import read_collected_level
+from pytest_tfmem.core.verdict import check_budget, describe_views, what_used
+from pytest_tfmem.errors import BudgetExceeded, TfmemFailure, failure
+from pytest_tfmem.units import SIZE_FORMS, format_size, parse_size
+
+HELP = """Measure a cell (%%tfmem) or a line (%tfmem STATEMENT), optionally against a budget.
+
+    %%tfmem              the cell's peak, what it left behind, the frameworks' views
+    %%tfmem 2GB          the same, and the cell fails (BudgetExceeded) over 2 GB
+    %tfmem x = f()       one line; %tfmem 2GB x = f() with a budget
+
+peak: the most memory the cell needed above where it started, exact (the kernel's high-water
+mark of this process, reset for the cell; TensorFlow's allocators where TensorFlow is loaded);
+left behind: the process after the cell, its garbage collected and freed heap handed back,
+less before it (what its variables and caches keep)."""
+
+
+def split_budget(line: str) -> tuple[int | None, str]:
+    """``'2GB x = f()'`` -> (budget, statement): a first word that is no number is the statement's.
+    Raises ``ValueError`` naming a first word that is a number but no size (``2`` in ``2 x = 1``)."""
+    first, _, rest = line.strip().partition(" ")
+    if not first or not first[0].isdigit():
+        return None, line.strip()
+    return parse_size(first, what="budget"), rest.strip()
+
+
+def cell_budget(line: str) -> int | None:
+    """``%%tfmem 2GB``: the line is the budget, or nothing (``ValueError`` names it whole)."""
+    return parse_size(line.strip(), what="budget") if line.strip() else None
+
+
+def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | None]:
+    """Run ``run()`` in a window: the lines to print, and the budget's failure (an ``Exception``
+    here) where it was over."""
+    before = read_collected_level()
+    monitor = Monitor()
+    monitor.start()
+    try:
+        run()
+    finally:
+        measurement = monitor.stop()
+    left = read_collected_level().held - before.held
+    lines = [
+        f"tfmem: peak {format_size(measurement.peak)} ({describe_views(measurement)}); "
+        f"left behind {format_size(left, signed=True)}"
+    ]
+    verdict = check_budget(measurement, budget)
+    if verdict is not None and not verdict.ok:
+        used = what_used(measurement)
+        return lines, failure(BudgetExceeded, f"tfmem: {verdict.message}\ntfmem: what used it: {used}")
+    return lines + ([f"tfmem: {verdict.message}"] if verdict is not None else []), None
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from IPython.core.error import UsageError
+    from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+    @magics_class
+    class TfmemMagics(Magics):
+        @line_cell_magic
+        def tfmem(self, line: str, cell: str | None = None) -> None:
+            __tracebackhide__ = True  # IPython shows the cell's error, not tfmem's frames
+            try:
+                budget, source = (cell_budget(line), cell) if cell is not None else split_budget(line)
+            except ValueError as error:
+                raise UsageError(f"{error}\n{HELP.splitlines()[0]}") from None
+            if not source.strip():
+                raise UsageError(f"%tfmem needs a statement (or use %%tfmem for a cell); budgets: {SIZE_FORMS}")
+            assert self.shell is not None
+            namespace = self.shell.user_ns
+            code = compile(source, "<tfmem cell>" if cell is not None else "<tfmem line>", "exec")
+            lines, over = measure(lambda: exec(code, namespace), budget)
+            if over is not None:
+                raise over
+            print("\n".join(lines))
+
+    TfmemMagics.tfmem.__doc__ = HELP
+    ipython.register_magics(TfmemMagics)

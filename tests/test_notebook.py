@@ -1,0 +1,52 @@
+"""``%load_ext pytest_tfmem`` in IPython: the ``%%tfmem`` and ``%tfmem`` magics, run in a real
+IPython shell in a process of its own (IPython's shell is a process-wide singleton)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("IPython")
+
+SESSION = r'''
+from IPython.testing.globalipapp import start_ipython
+
+shell = start_ipython()
+shell.run_line_magic("load_ext", "pytest_tfmem")
+shell.run_cell("import numpy as np")
+print("CELL", end=" ")
+shell.run_cell("%%tfmem\nkept = np.ones(50 * 2**20, dtype=np.uint8)\ntemporary = np.ones(30 * 2**20, dtype=np.uint8)\ndel temporary\n")
+print("LINE", end=" ")
+shell.run_cell("%tfmem 100MB line = np.ones(10 * 2**20, dtype=np.uint8)")
+over = shell.run_cell("%%tfmem 20MB\nbig = np.ones(40 * 2**20, dtype=np.uint8)\n")
+print("OVER", type(over.error_in_exec).__name__, isinstance(over.error_in_exec, Exception), "big" in shell.user_ns)
+bad = shell.run_cell("%%tfmem 2 gigs\nnever = 1\n")
+print("BAD", "never" in shell.user_ns, "kept" in shell.user_ns)
+help_text = shell.run_cell("%%tfmem?")
+'''
+
+
+@pytest.mark.linux  # exact marks: a cell's peak is the kernel's high-water mark
+def test_the_magics_measure_a_cell_and_a_line_hold_a_budget_and_refuse_bad_input(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", SESSION], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    cell = next(line for line in out.splitlines() if line.startswith("CELL "))
+    # the cell's exact peak (both arrays at once), and what it left (the array it kept)
+    assert cell.startswith(("CELL tfmem: peak 79.", "CELL tfmem: peak 80.")) and "left behind +50.0 MiB" in cell, cell
+    line = next(line for line in out.splitlines() if line.startswith("LINE "))
+    assert line.startswith(("LINE tfmem: peak 9.9 MiB", "LINE tfmem: peak 10.0 MiB")) and "left behind +10." in line, out
+    assert "<= budget 100MB (95.4 MiB)" in out
+    # over budget: one error an ``except Exception`` catches, with the figures and what used the memory;
+    # what the cell made stays
+    assert "OVER BudgetExceeded True True" in out
+    assert "BudgetExceeded: tfmem: peak 40.0 MiB > budget 20MB (19.1 MiB) (host RSS 40.0 MiB)" in out or (
+        "BudgetExceeded: tfmem: peak 39.9 MiB > budget 20MB" in out), out
+    assert "tfmem: what used it: mostly host memory outside the frameworks' allocators" in out
+    assert "IPython bug" not in out + done.stderr
+    # bad input: a usage error that names it, and the cell does not run
+    assert "UsageError: invalid budget '2 gigs'" in done.stderr and "BAD False True" in out
+    assert "the most memory the cell needed above where it started" in out  # the help says what each figure counts
