@@ -365,6 +365,7 @@ class TfmemManager:
         boundary): a window that opens before any fixture is set up need not do it again."""
         self._collected_at = self._fixture_setups
 
+    # tryfirst: before pytest's own, which returns the fixture's value and so ends the call (firstresult)
     @pytest.hookimpl(tryfirst=True)
     def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[object]) -> None:
         """Counted: a fixture set up since the process was last collected may have freed memory (a
