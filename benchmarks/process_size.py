@@ -63,7 +63,7 @@ def grown_process():
         held.append([bytearray(1500) for _ in range(2000)])
         held.append({index: [index] for index in range(2000)})
         held.append(bytearray(200_000))
-    del held[::3]
+        held[-3] = None  # let go of every third piece as it grows: a fragmented heap of this size
     gc.collect()
     yield held
 '''
