@@ -41,23 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import machine
+from benchmarks.flat_history import BATCH, ENVIRONMENT, GATE, ROWS, commit, git
 from benchmarks.tables import markdown_table
 
 MIB = 2**20
-GATE = "25%"
 WITHOUT = "--no-tfmem-confirm"
 TIMED_COMMITS = 3  # the commits also measured with the budget alone, for the cost
 BUDGET_SHARE, BUDGET_FLOOR = 1.5, 2 * MIB
-BATCH = '''import numpy as np
-
-ROWS = {rows}
-
-
-def test_batch():
-    batch = np.ones((ROWS, 1024), dtype=np.float64)  # ROWS x 8 KiB
-    assert batch.sum() == ROWS * 1024
-'''
-ROWS = 5120  # 40 MiB
 BUDGETS_PLUGIN = '''import json
 import pathlib
 
@@ -71,9 +61,6 @@ def pytest_collection_modifyitems(items):
         if item.nodeid in BUDGETS:
             item.add_marker(pytest.mark.tfmem(budget=BUDGETS[item.nodeid]))
 '''
-ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", "KERAS_BACKEND": "tensorflow",
-               "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@example.com",
-               "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@example.com"}
 MODES = {"with the re-run": (), "without (--no-tfmem-confirm)": (WITHOUT,)}
 
 
@@ -119,10 +106,6 @@ def suites(tf_keras: Path | None) -> dict[str, Suite]:
         found["sklearn"] = Suite("sklearn", "scikit-learn's own PCA and k-means tests",
                                  in_place=tuple(sklearn / module for module in modules))
     return found
-
-
-def git(directory: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=directory, check=True, capture_output=True, env={**os.environ, **ENVIRONMENT})
 
 
 def pytest_run(directory: Path, suite: Suite, *arguments: str) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -191,13 +174,6 @@ def prepare(directory: Path, suite: Suite) -> None:
         (directory / name).write_text(text)
     (directory / "pytest.ini").write_text("[pytest]\n")
     git(directory, "init", "-q")
-
-
-def commit(directory: Path, number: int, rows: int) -> None:
-    (directory / "test_batch.py").write_text(BATCH.format(rows=rows))
-    (directory / "COMMIT").write_text(f"{number}\n")  # the code stays as it is
-    git(directory, "add", "-A")
-    git(directory, "commit", "-q", "-m", f"commit {number}", "--date", f"2026-12-01T00:{number:02d}:00+00:00")
 
 
 def history_check(directory: Path, suite: Suite, mode: tuple[str, ...], commits: int, outcome: Outcome) -> Path:

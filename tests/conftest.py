@@ -72,6 +72,22 @@ def no_github_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
 
+@pytest.fixture
+def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder an inner session's test bodies append a line to each time they run (``RUNS_DIR``),
+    so a test can count the runs: ``runs(runs_dir, name)``."""
+    directory = tmp_path / "runs"
+    directory.mkdir()
+    monkeypatch.setenv("RUNS_DIR", str(directory))
+    return directory
+
+
+def runs(directory: Path, name: str) -> int:
+    """How often the body that writes to ``directory / name`` ran."""
+    path = directory / name
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
 RECORDS_PLUGIN = Path(__file__).resolve().parent / "records_dump.py"
 
 

@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import runs
 
 from pytest_tfmem.core.retained import Level, ProcessAccount, Retained
 from pytest_tfmem.gates import history
@@ -52,19 +53,6 @@ def test_needs_it_every_time():
     block = np.ones(80 * MIB, dtype=np.uint8)
     del block
 '''
-
-
-@pytest.fixture
-def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runs"
-    directory.mkdir()
-    monkeypatch.setenv("RUNS_DIR", str(directory))
-    return directory
-
-
-def runs(directory: Path, name: str) -> int:
-    path = directory / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def report_tests(path: Path) -> dict[str, dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import runs
 
 COUNTED = '''
 import os
@@ -57,17 +58,6 @@ class Case(tf.test.TestCase):
         block = np.ones(150 * MIB, dtype=np.uint8)
         self.assertEqual(int(block[0]), 1)
 '''
-
-
-@pytest.fixture
-def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("RUNS_DIR", str(tmp_path))
-    return tmp_path
-
-
-def runs(directory: Path, name: str) -> int:
-    path = directory / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def test_only_memory_failures_rerun_and_trace_and_explain_share_one_rerun(

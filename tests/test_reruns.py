@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import runs
 
 MIB = 2**20
 
@@ -57,19 +58,6 @@ def outcomes(result: pytest.RunResult) -> dict[str, int]:
     counts = result.parseoutcomes()
     counts.pop("warnings", None)
     return counts
-
-
-@pytest.fixture
-def runs_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    directory = tmp_path / "runs"
-    directory.mkdir()
-    monkeypatch.setenv("RUNS_DIR", str(directory))
-    return directory
-
-
-def runs(directory: Path, name: str) -> int:
-    path = directory / name
-    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def assert_close(peak: int, size: int) -> None:
