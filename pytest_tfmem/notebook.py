@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_tfmem.core.measure import Monitor
 from pytest_tfmem.core.retained import read_collected_level
-from pytest_tfmem.core.verdict import check_budget, describe_views, what_used
+from pytest_tfmem.core.verdict import WHAT_USED, check_budget, describe_views, what_used
 from pytest_tfmem.errors import BudgetExceeded, TfmemFailure, failure
 from pytest_tfmem.units import SIZE_FORMS, format_size, parse_size
 
@@ -66,7 +66,7 @@ def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | Non
     verdict = check_budget(measurement, budget)
     if verdict is not None and not verdict.ok:
         used = what_used(measurement)
-        return lines, failure(BudgetExceeded, f"tfmem: {verdict.message}\ntfmem: what used it: {used}")
+        return lines, failure(BudgetExceeded, f"tfmem: {verdict.message}\ntfmem: {WHAT_USED}{used}")
     return lines + ([f"tfmem: {verdict.message}"] if verdict is not None else []), None
 
 

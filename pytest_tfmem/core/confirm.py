@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # the verdicts' module reads the session's books, which hold 
     from pytest_tfmem.core.verdict import Verdict
 
 REPRODUCED = "tfmem: reproduced by a re-run in the same process"
-WHAT_USED = "tfmem: what used it: "  # ``core.verdict.what_used_line``
 # The checks on a test's figures: a re-run gives them a second figure to judge.
 FIGURE_CHECKS = frozenset({"budget", "baseline", "history", "gpu_budget"})
 
@@ -131,12 +130,6 @@ class OneTimeCosts:
                 {"test": cost.nodeid, "worker": cost.worker, **cost.confirmation.to_dict()} for cost in self.largest
             ],
         }
-
-
-def is_reproduced_line(line: str) -> bool:
-    """The failure's lines besides its verdicts (both runs' figures, what used the memory): in its
-    block, not in the short summary."""
-    return line.startswith((REPRODUCED, WHAT_USED))
 
 
 def confirmable(failed: list[Verdict]) -> bool:

@@ -22,7 +22,7 @@ import pytest
 
 from pytest_tfmem import frameworks, hookspecs, platforms
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
-from pytest_tfmem.core.confirm import FIGURE_CHECKS, Confirmation, confirmable, is_reproduced_line
+from pytest_tfmem.core.confirm import FIGURE_CHECKS, REPRODUCED, Confirmation, confirmable
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers
@@ -40,11 +40,11 @@ from pytest_tfmem.core.rerun import (
     rerun_test_body,
     separate_output,
 )
-from pytest_tfmem.core.retained import RERUN, RERUN_BOOKING, Booking, Boundary, Level, current_level
+from pytest_tfmem.core.retained import RERUN, RERUN_BOOKING, Booking, Boundary, Level, read_collected_level
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
-from pytest_tfmem.core.verdict import Verdict, check_budget, what_used_line
+from pytest_tfmem.core.verdict import WHAT_USED, Verdict, check_budget, what_used_line
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for, session_configured
 from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.frameworks.native_log import HeldLog
@@ -131,6 +131,12 @@ def tfmem(request: pytest.FixtureRequest) -> TfmemFixture:
     item = request.node
     fixture_type = request.config.stash.get(FIXTURE_TYPE, TfmemFixture)
     return fixture_type(lambda: item.stash.get(MONITOR, None), manager(request.config).trackers)
+
+
+def _is_failure_detail(line: str) -> bool:
+    """A failure's line besides its verdicts (both runs' figures, what used the memory): in its
+    block under FAILURES, not in the short summary."""
+    return line.startswith((REPRODUCED, f"tfmem: {WHAT_USED}"))
 
 
 def manager(config: pytest.Config) -> TfmemManager:
@@ -547,8 +553,8 @@ class TfmemManager:
     def _collected_level(self) -> Level:
         """The process once its garbage is collected (as a window's start collects it) and freed
         heap handed back: what a re-run kept is the difference of two such levels."""
-        host.release_freed_memory(self.collector.collect)
-        return current_level()
+        self.collector.collect()
+        return read_collected_level()
 
     def _new_monitor(self, release_first: bool = True) -> Monitor:
         """A test's window: garbage collected first (``release_first``: unless that was just done),
@@ -597,9 +603,13 @@ class TfmemManager:
             return
         rerun = Rerun(tuple(uses))
         books = processes.keeps_books(self.config)
+        before = None
         if books:  # a full collection now: one the re-run's growth makes due would free older garbage too
-            self.collector.collect_full() if self.collector.freezing else gc.collect()
-        before = self._collected_level() if books else None
+            if self.collector.freezing:
+                self.collector.collect_full()
+            else:
+                gc.collect()
+            before = self._collected_level()
         with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
             self._rerun(item, rerun)
         if before is not None:  # what the second run kept is booked apart from the test's retained figure
@@ -674,7 +684,7 @@ class TfmemManager:
             # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's
             # path; the re-run's figures in the failure's block, not in the short summary
             pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines(), FIGURES_HELP,
-                                                 leave_out=is_reproduced_line)
+                                                 leave_out=_is_failure_detail)
         if call.when == "teardown":  # the reports made from the item carry the record now
             unpublish(item)
             if RECORD in item.stash:

@@ -57,6 +57,9 @@ def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None
     return Verdict("budget", peak <= budget, message)
 
 
+WHAT_USED = "what used it: "  # the line under a budget failure (``what_used_line``)
+
+
 def what_used(measurement: Measurement) -> str:
     """The kind of memory that made most of a test's peak, in words: the processes it started,
     tensors in a framework's host allocator, or host memory outside the frameworks' allocators."""
@@ -76,10 +79,10 @@ def what_used_line(measurement: Measurement, largest_line: dict[str, object] | N
     the most where the re-run's line tracer knows it (``--tfmem-explain``), else how to find it."""
     kind = what_used(measurement)
     if largest_line is None:
-        return f"what used it: {kind}; for the line, run the test with --tfmem-explain"
+        return f"{WHAT_USED}{kind}; for the line, run the test with --tfmem-explain"
     increase = largest_line.get("peak_increase_bytes")
     size = format_size(increase, signed=True) if isinstance(increase, int) else ""
     where = str(largest_line.get("file"))
     shown = os.path.relpath(where) if os.path.isabs(where) and where.startswith(os.getcwd() + os.sep) else where
-    return (f"what used it: {kind}; the line that needed the most: {shown}:"
+    return (f"{WHAT_USED}{kind}; the line that needed the most: {shown}:"
             f"{largest_line.get('line')} `{largest_line.get('contents')}` {size}").rstrip()
