@@ -206,8 +206,9 @@ _slimmed: dict[int, tuple[pytest.TestReport, TestRecord]] = {}
 
 def slim_for_junit(report: pytest.TestReport) -> None:
     """Leave on a teardown report, which pytest's JUnit XML writer reads, only the figures a CI
-    reader needs (``JUNIT_PROPERTIES``, well under 300 bytes a test) and the verdict; the whole record
-    stays readable in this process (``published_record``) until the report is logged."""
+    reader needs (the flat peak, budgets, retained and isolated figures: the record and each view's
+    figure go) and the verdict, well under 300 bytes a test; the whole record stays readable in
+    this process (``published_record``) until the report is logged."""
     record = published_record(report)
     if record is None:
         return
