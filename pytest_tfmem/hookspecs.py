@@ -62,7 +62,19 @@ def pytest_tfmem_departure(item: pytest.Item, record: TestRecord) -> str | None:
 
     When: right after the checks, for a test that passed them, and again on the re-run's figure:
     where that departs too, the figure stands (``core.confirm``). Implemented by: gates (the
-    memory history, the baseline a session compares with or merges into).
+    memory history, the baseline a session compares with or merges into), the session feature
+    (a call that kept more than the test's retained ceiling).
+    """
+
+
+@pytest.hookspec
+def pytest_tfmem_retained_ceiling(item: pytest.Item) -> int | None:
+    """Return the most the test may leave behind before a check on its retained figure fails
+    (``--tfmem-max-retained``, a baseline's retained figure), or ``None``.
+
+    When: as its call phase begins, so that a call that keeps more can be run again while its
+    fixtures still stand, and what only the first run kept is booked as a one-time cost before
+    the check at its teardown (``core.confirm``). Implemented by: the session feature and the gates.
     """
 
 

@@ -164,6 +164,79 @@ def test_a_figure_near_its_history_level_is_not_measured_again(pytester: pytest.
     assert runs(runs_dir, "test_needs_it_every_time") == 1
 
 
+def test_a_retained_limit_is_confirmed_while_the_fixtures_still_stand(pytester: pytest.Pytester, runs_dir: Path) -> None:
+    """A call that keeps more than ``max_retained`` runs again before its teardown: what only
+    the first run kept (the 60 MiB cache) is booked apart as a one-time cost, and the test passes;
+    a test that keeps 30 MiB at every run fails at its teardown with both runs' figures."""
+    pytester.makepyfile(test_one_time=ONE_TIME + '''
+
+kept = []
+
+
+def test_keeps_every_time():
+    ran("test_keeps_every_time")
+    kept.append(np.ones(30 * MIB, dtype=np.uint8))
+''')
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "--tfmem-max-retained=20MB", f"--tfmem-report={report}", "-k", "pays_once or keeps_every_time", "-rA")
+    result.assert_outcomes(passed=2, errors=1)
+    assert runs(runs_dir, "test_pays_once") == runs(runs_dir, "test_keeps_every_time") == 2
+    tests = report_tests(report)
+    assert tests["test_pays_once"]["retained_bytes"] < 3 * MIB
+    (process,) = json.loads(report.read_text())["session"]["workers"]
+    (paid,) = process["first_use"]
+    assert paid["name"] == "one-time costs of first runs" and paid["detail"] == "paid in test_one_time.py::test_pays_once"
+    assert 59 * MIB < paid["bytes"] < 62 * MIB
+    assert 29 * MIB < tests["test_keeps_every_time"]["retained_bytes"] < 32 * MIB  # the first run's only
+    result.stdout.fnmatch_lines([
+        "tfmem: retained 3?.? MiB > max_retained 20MB (19.1 MiB) after the teardown *",
+        "tfmem: reproduced by a re-run in the same process: its call kept +3?.? MiB in the first run, +3?.? MiB in "
+        "the re-run",
+        "re-run in the same process to confirm (it kept 6?.? MiB, above the 19.1 MiB it may leave behind): it did "
+        "not reproduce *",
+    ])
+
+
+def test_a_figure_that_departs_unconfirmed_is_marked_and_never_makes_a_step_or_a_baseline(
+    pytester: pytest.Pytester, runs_dir: Path, tmp_path: Path
+) -> None:
+    """With re-runs off for the test, its first run's 60 MiB one-time cost is kept with a mark:
+    the history's series leaves it out, and a baseline save keeps the test's old entry."""
+    pytester.makepyfile(test_one_time=ONE_TIME.replace(
+        "def test_pays_once", "import pytest\n\n@pytest.mark.tfmem(rerun=False)\ndef test_pays_once"))
+    git(pytester.path, "init", "-q")
+    git(pytester.path, "-c", "user.email=ci@example.com", "-c", "user.name=CI", "commit", "-q", "--allow-empty",
+        "-m", "start")
+    path = pytester.path / "history.jsonl"
+    nodeid = "test_one_time.py::test_pays_once"
+    for number in range(3):
+        commit = history.Commit(f"{number:040x}", None, None, f"2026-12-01T00:00:{number:02d}+00:00", False)
+        history.append_entry(path, history.session_entry(
+            commit, current_environment(), f"s{number}", {nodeid: (MIB, None, {})}))
+    baseline = tmp_path / "baseline.json"
+    pytester.runpytest("-p", "no:randomly", f"--tfmem-save-baseline={baseline}", "-k", "every_time").assert_outcomes(
+        passed=1)
+    saved = json.loads(baseline.read_text())
+    saved["tests"][nodeid] = {"peak": MIB}
+    baseline.write_text(json.dumps(saved))
+    result = pytester.runpytest("-p", "no:randomly", f"--tfmem-history={path}", f"--tfmem-save-baseline={baseline}",
+                                "-k", "pays_once", "-rA")
+    result.assert_outcomes(passed=1)
+    assert runs(runs_dir, "test_pays_once") == 1
+    result.stdout.fnmatch_lines([
+        "its figure is kept unconfirmed (6?.? MiB above its baseline entry, 1.0 MiB; 6?.? MiB above its level in "
+        "the memory history, 1.0 MiB): re-runs are off for this test (tfmem(rerun=False)); the history marks it*",
+        "tfmem: baseline saved to *: 0 test(s) updated, 1 kept their entry (a departure left unconfirmed), 2 in the file",
+    ])
+    read = history.read_history(path)
+    (last,) = read.entries[-1:]
+    assert last.unconfirmed[nodeid][0][1].startswith("6") and last.tests[nodeid][0][1] > 59 * MIB
+    ((series,),) = history.series(read.entries, nodeids=[nodeid]).values()
+    assert [point.value for point in series.points] == [MIB] * 3  # the marked figure is left out
+    assert json.loads(baseline.read_text())["tests"][nodeid]["peak"] == MIB
+
+
 def test_a_step_is_printed_as_the_figures_it_was_tested_on_never_below_the_floor() -> None:
     """The old level's median (104 MiB) is not the point the jump was tested from (100 MiB): the
     printed change is the tested one, +16 MiB, above the floor (5%+10MB: 14.5 MiB at 100 MiB)."""

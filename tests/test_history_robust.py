@@ -48,6 +48,9 @@ BAD_LINES = {  # kind: (the line, what its name in the warning says)
     "field wrong": ('{"format": "pytest-tfmem-history", "version": 1, "commit": "f", "sessions": ["s"], '
                     '"environment": {}, "tests": {"t.py::test_x": [[0, "big", null]]}}\n',
                     "a field is missing or of the wrong type"),
+    "mark wrong": ('{"format": "pytest-tfmem-history", "version": 1, "commit": "f", "sessions": ["s"], '
+                   '"environment": {}, "tests": {"t.py::test_x": [[0, 1, null]]}, "unconfirmed": {"t.py::test_x": "why"}}\n',
+                   '"unconfirmed" is not {node id: [[session, why], ...]}'),
 }
 WHERE = {"start": 0, "middle": 6, "end": COMMITS}
 CUT_LINE = '{"format":"pytest-tfmem-history","vers'  # what a session killed while it appended leaves

@@ -598,7 +598,9 @@ class TfmemManager:
             if to_confirm:
                 record.notes.append(f"the verdict is the first run's, not confirmed by a re-run: {refusal}")
             if departures:
-                record.notes.append(f"its figure is kept unconfirmed ({'; '.join(departures)}): {refusal}")
+                record.unconfirmed = "; ".join(departures)
+                record.notes.append(f"its figure is kept unconfirmed ({record.unconfirmed}): {refusal}; the "
+                                    "history marks it, and a baseline save keeps the test's old entry")
             publish(item, record)
             return
         rerun = Rerun(tuple(uses))
@@ -621,6 +623,7 @@ class TfmemManager:
             if result is None or result.error is not None:
                 why = f"it raised {result.error.splitlines()[0][:200]}" if result and result.error else "it did not run"
                 record.notes.append(f"the first run's figure stands, unconfirmed: its re-run in the same process {why}")
+                record.unconfirmed = "; ".join(departures)
             else:
                 self._judge_rerun(item, record, result.measurement, tuple(departures))
         publish(item, record)

@@ -56,6 +56,9 @@ class TestRecord:
     raised: str | None = None
     # The re-run that confirmed or overturned its first verdict (``core.confirm``), where one ran.
     confirmation: Confirmation | None = None
+    # Why its figure, which departed from its recorded level, is kept unconfirmed (``core.confirm``:
+    # the re-run was refused or raised); the history marks it and a baseline save keeps the old entry.
+    unconfirmed: str = ""
 
     @property
     def gpu_need(self) -> int | None:
@@ -105,6 +108,7 @@ class TestRecord:
             "reruns": self.reruns,
             "raised": self.raised,
             "confirmation": self.confirmation.to_dict() if self.confirmation is not None else None,
+            "unconfirmed": self.unconfirmed,
             **retained,
         }
 
@@ -125,6 +129,7 @@ class TestRecord:
             retained=Retained.from_dict(data["retained"]) if data.get("retained") else None,
             raised=data.get("raised"),
             confirmation=Confirmation.from_dict(data["confirmation"]) if data.get("confirmation") else None,
+            unconfirmed=str(data.get("unconfirmed") or ""),
         )
 
     def user_properties(self) -> list[tuple[str, object]]:

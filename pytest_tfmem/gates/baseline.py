@@ -95,6 +95,11 @@ class Spread:
 SPREAD_FIGURES = ("peak", "retained")
 
 
+def is_saved(record: TestRecord) -> bool:
+    """Its figures go into a saved baseline: measured, passed, and not a departure left unconfirmed."""
+    return record.measurement is not None and record.outcome == "passed" and not record.unconfirmed
+
+
 @dataclass(frozen=True)
 class BaselineEntry:
     """One test's reference figures, in bytes (``leak_slope`` in bytes per iteration); ``spread``
@@ -149,14 +154,15 @@ class Baseline:
         """A new baseline: this one updated with every passed, measured test of ``records``.
 
         Entries of tests not among ``records`` are kept, or dropped with ``prune``. Tests
-        that did not pass keep their old entry: a failing run says little about memory.
+        that did not pass keep their old entry: a failing run says little about memory. So do
+        tests whose figure departed from it and could not be measured again (``core.confirm``):
+        a one-time cost is no baseline.
         """
-        fresh = {
-            record.nodeid: BaselineEntry.from_record(record)
-            for record in records
-            if record.measurement is not None and record.outcome == "passed"
-        }
+        records = list(records)
+        fresh = {record.nodeid: BaselineEntry.from_record(record) for record in records if is_saved(record)}
         tests = {} if prune else dict(self.tests)
+        tests.update({record.nodeid: self.tests[record.nodeid] for record in records
+                      if record.unconfirmed and record.nodeid in self.tests})
         tests.update(fresh)
         return Baseline(
             tests=dict(sorted(tests.items())),

@@ -148,6 +148,15 @@ def compare_retained(nodeid: str, retained: int, entry: BaselineEntry, tolerance
     return Comparison(nodeid, RETAINED, max(0, retained), entry.retained, tolerance, entry.bounds(RETAINED))
 
 
+def retained_ceiling(entry: BaselineEntry, tolerance: Tolerance) -> int:
+    """The most a test may leave behind before ``compare_retained`` calls it a regression: its
+    entry's figure and the tolerance, or the highest of its runs where they read more."""
+    at_zero = compare_retained("", 0, entry, tolerance)
+    assert entry.retained is not None and at_zero.allowance is not None
+    ceiling = entry.retained + int(at_zero.allowance)
+    return ceiling if at_zero.spread is None else max(ceiling, at_zero.spread[1])
+
+
 def by_test(comparisons: Iterable[Comparison]) -> dict[str, list[Comparison]]:
     """The comparisons grouped by test, in the order each test first comes."""
     grouped: dict[str, list[Comparison]] = {}

@@ -15,11 +15,15 @@ same line (a writer that finds the file not ending in a newline starts with one)
      "environment": {...as in a baseline: python, platform, memory, tensorflow...},
      "sessions": ["<session id>", ...],
      "tests": {"<node id>": [[<session index>, <peak>, <retained or null>, {<view>: <peak>}?], ...]},
-     "failed": {"<node id>": [[<session index>, "<the tfmem checks it failed>"], ...]}?}
+     "failed": {"<node id>": [[<session index>, "<the tfmem checks it failed>"], ...]}?,
+     "unconfirmed": {"<node id>": [[<session index>, "<why it departed>"], ...]}?}
 
 A pytest session writes one session and one sample per test (``RawSample``) whose figures were
 measured to the end: a test that passed, or one that failed a tfmem check (``failed`` says which,
-where any did: a reader that does not know the field reads the figures as before). Read back,
+where any did: a reader that does not know the field reads the figures as before). A figure
+that departed from the test's level and could not be measured again (``core.confirm``: a test
+with ``rerun=False``, a re-run that raised) is written with a mark (``unconfirmed``), and step,
+creep and gate leave it out: a one-time cost is never a step. Read back,
 lines are folded: those of one commit and one environment are one ``Entry`` (the tests of several
 shards together; a commit measured again gives its tests another sample; a session seen twice
 counts once, so ``tfmem merge`` of a file with itself changes nothing). Figures of another
@@ -135,7 +139,8 @@ def series_label(environment: dict[str, Any]) -> str:
 # turned into objects: a history of a thousand commits of two thousand tests has two million.
 RawSample = list[Any]
 PEAK, RETAINED, VIEWS = 1, 2, 3
-# One failing session's sample of a test: [session index, the tfmem checks it failed ("budget")].
+# One failing session's sample of a test: [session index, the tfmem checks it failed ("budget")];
+# the same shape marks an unconfirmed sample: [session index, why it departed].
 RawFailure = list[Any]
 
 
@@ -153,6 +158,7 @@ class Entry:
     tests: dict[str, list[RawSample]] = field(default_factory=dict)
     sessions: list[str] = field(default_factory=list)
     failed: dict[str, list[RawFailure]] = field(default_factory=dict)  # the samples of tests that failed a check
+    unconfirmed: dict[str, list[RawFailure]] = field(default_factory=dict)  # samples that departed, unconfirmed
 
     @property
     def key(self) -> tuple[str, str]:
@@ -166,7 +172,8 @@ class Entry:
             if session not in index:
                 index[session] = moved[number] = len(self.sessions)
                 self.sessions.append(session)
-        for mine, theirs in ((self.tests, other.tests), (self.failed, other.failed)):
+        for mine, theirs in ((self.tests, other.tests), (self.failed, other.failed),
+                             (self.unconfirmed, other.unconfirmed)):
             for nodeid, samples in theirs.items():
                 kept = [[moved[sample[0]], *sample[1:]] for sample in samples if sample[0] in moved]
                 if kept:
@@ -183,6 +190,8 @@ class Entry:
         }
         if self.failed:
             data["failed"] = dict(sorted(self.failed.items()))
+        if self.unconfirmed:
+            data["unconfirmed"] = dict(sorted(self.unconfirmed.items()))
         return json.dumps(data, separators=(",", ":")) + "\n"
 
     def failures(self, nodeid: str) -> str:
@@ -193,9 +202,10 @@ class Entry:
 
 def session_entry(commit: Commit, environment: dict[str, Any], session: str,
                   figures: dict[str, tuple[int, int | None, dict[str, int]]],
-                  failed: dict[str, str] | None = None) -> Entry:
+                  failed: dict[str, str] | None = None, unconfirmed: dict[str, str] | None = None) -> Entry:
     """This session's entry: ``figures`` maps each measured test to (peak, retained, views),
-    ``failed`` the tests among them that failed tfmem checks to those checks (``budget, leak``)."""
+    ``failed`` the tests among them that failed tfmem checks to those checks (``budget, leak``),
+    ``unconfirmed`` those whose figure departed and was not measured again to why it departed."""
     return Entry(
         commit.commit, commit.parent, commit.branch, commit.date, environment,
         recorded=datetime.now(timezone.utc).isoformat(timespec="seconds"), dirty=commit.dirty,
@@ -203,6 +213,7 @@ def session_entry(commit: Commit, environment: dict[str, Any], session: str,
                for nodeid, (peak, retained, views) in figures.items()},
         sessions=[session],
         failed={nodeid: [[0, checks]] for nodeid, checks in (failed or {}).items()},
+        unconfirmed={nodeid: [[0, why]] for nodeid, why in (unconfirmed or {}).items()},
     )
 
 
@@ -256,15 +267,16 @@ def _entry(data: Any) -> Entry:
         )
         if not well_formed:
             raise ValueError("a test's samples are not [session, peak, retained(, views)] of whole numbers")
-        failed = data.get("failed", {})
-        if not isinstance(failed, dict) or not all(
-            type(failures) is list and all(type(failure) is list and len(failure) == 2 for failure in failures)
-            for failures in failed.values()
-        ):
-            raise ValueError('"failed" is not {node id: [[session, checks], ...]}')
+        failed, unconfirmed = data.get("failed", {}), data.get("unconfirmed", {})
+        for name, marks, what in (("failed", failed, "checks"), ("unconfirmed", unconfirmed, "why")):
+            if not isinstance(marks, dict) or not all(
+                type(samples) is list and all(type(mark) is list and len(mark) == 2 for mark in samples)
+                for samples in marks.values()
+            ):
+                raise ValueError(f'"{name}" is not {{node id: [[session, {what}], ...]}}')
         return Entry(str(data["commit"]), data.get("parent"), data.get("branch"), str(data.get("date", "")),
                      dict(data["environment"]), str(data.get("recorded", "")), bool(data.get("dirty", False)),
-                     tests, sessions, failed)
+                     tests, sessions, failed, unconfirmed)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise BadLine(f"a field is missing or of the wrong type ({type(error).__name__}: {error})") from None
 
@@ -396,7 +408,9 @@ def series_of(group: list[Entry], nodeid: str, quantity: str = "peak") -> Series
     it has no figure of ``quantity``."""
     points = []
     for entry in group:
-        figures = (_figure(sample, quantity) for sample in entry.tests.get(nodeid, ()))
+        unconfirmed = {mark[0] for mark in entry.unconfirmed.get(nodeid, ())}
+        samples = (sample for sample in entry.tests.get(nodeid, ()) if sample[0] not in unconfirmed)
+        figures = (_figure(sample, quantity) for sample in samples)
         values = tuple(value for value in figures if value is not None)
         if values:
             points.append(Point(entry.commit, entry.parent, values, entry.date, entry.failures(nodeid)))

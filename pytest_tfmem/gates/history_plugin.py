@@ -180,7 +180,7 @@ class MemoryHistory:
             self.outcome_lines.append((f"history: nothing added to {self.path}: the run did not finish",
                                        {"yellow": True}))
             return
-        figures, failed, cut_short = {}, {}, collections.Counter[str]()
+        figures, failed, unconfirmed, cut_short = {}, {}, {}, collections.Counter[str]()
         for record in records:
             if record.measurement is None:
                 continue
@@ -193,7 +193,10 @@ class MemoryHistory:
             figures[record.nodeid] = (quantities.pop("peak"), retained, quantities)
             if record.outcome == "failed":
                 failed[record.nodeid] = ", ".join(record.failed_checks)
-        entry = session_entry(self.commit, current_environment(), processes.session(self.config).id, figures, failed)
+            if record.unconfirmed:
+                unconfirmed[record.nodeid] = record.unconfirmed
+        entry = session_entry(self.commit, current_environment(), processes.session(self.config).id, figures, failed,
+                              unconfirmed)
         try:
             append_entry(self.path, entry)
         except (OSError, HistoryError) as error:

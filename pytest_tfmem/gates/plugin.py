@@ -22,7 +22,7 @@ from pytest_tfmem.core.summary import HeaviestTests, render_table
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.files import Output, set_aside, write_text_atomic
 from pytest_tfmem.gates import history_plugin, reports
-from pytest_tfmem.gates.baseline import Baseline, BaselineError, load_baseline, save_baseline
+from pytest_tfmem.gates.baseline import Baseline, BaselineError, is_saved, load_baseline, save_baseline
 from pytest_tfmem.gates.compare import (
     IMPROVEMENT,
     SECTION,
@@ -31,6 +31,7 @@ from pytest_tfmem.gates.compare import (
     compare_retained,
     not_run_note,
     record_section,
+    retained_ceiling,
 )
 from pytest_tfmem.gates.environment import (
     current_environment,
@@ -209,6 +210,14 @@ class CiGates:
         return f"{format_size(record.measurement.peak)} above its baseline entry, {format_size(entry.peak)}"
 
     @pytest.hookimpl
+    def pytest_tfmem_retained_ceiling(self, item: pytest.Item) -> int | None:
+        """The most the test may leave behind before its baseline entry's retained figure fails it."""
+        entry = self.baseline.tests.get(item.nodeid) if self.baseline is not None and self.unlike is None else None
+        if entry is None or entry.retained is None:
+            return None
+        return retained_ceiling(entry, self._tolerance(item))
+
+    @pytest.hookimpl
     def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
         """Hold what the test left behind to its baseline entry's retained figure, where it has one."""
         entry = self.baseline.tests.get(record.nodeid) if self.baseline is not None and self.unlike is None else None
@@ -283,13 +292,16 @@ class CiGates:
             self.outcome_lines.append((message, {"yellow": True}))
             return
         updated = self.save_into.merged(records, prune=self.prune)
-        saved = sum(record.measurement is not None and record.outcome == "passed" for record in records)
+        records = list(records)
+        saved = sum(map(is_saved, records))
+        unconfirmed = sum(bool(record.unconfirmed) for record in records)
+        kept = f", {unconfirmed} kept their entry (a departure left unconfirmed)" if unconfirmed else ""
         self._write(
             session,
             "baseline",
             self.save_path,
             lambda path: save_baseline(updated, path),
-            done=f"baseline saved to {self.save_path}: {saved} test(s) updated, {len(updated.tests)} in the file",
+            done=f"baseline saved to {self.save_path}: {saved} test(s) updated{kept}, {len(updated.tests)} in the file",
         )
 
     def _write_report(self, path: Path, exitstatus: int) -> None:

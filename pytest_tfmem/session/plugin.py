@@ -35,6 +35,7 @@ import pytest
 
 from pytest_tfmem import frameworks
 from pytest_tfmem.core import features, measure, processes, settings
+from pytest_tfmem.core.confirm import REPRODUCED
 from pytest_tfmem.core.features import Summary, Teardown, TeardownStep
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
 from pytest_tfmem.core.pytest_internals import release_fixture_values
@@ -61,6 +62,8 @@ from pytest_tfmem.session.summary import account_lines
 from pytest_tfmem.units import SIZE_FORMS, format_limit, format_size
 
 DEFAULT_STAYED_THRESHOLD = "16MB"
+# What only a test's first run kept, where a re-run told it apart (a booking of kind ``FIRST_USE``).
+ONE_TIME_COST = "one-time costs of first runs"
 # The line under the account's heading: what its figures are, and where they are told in full.
 HOW_TO_READ = (
     "how to read it: each process from before its first measured test to after its last, the growth split "
@@ -121,6 +124,14 @@ class _Span:
     snapshot: Snapshot
     bookings: list[Booking] = field(default_factory=list)
     import_mark: int = 0  # where the first imports' ledger stood at the start
+    # Where a check on what it leaves behind applies and verdicts are confirmed: the most it may
+    # leave (``ceiling``), the level as its call began, what its first run's call kept, and what
+    # the test had kept by then (``so_far``: the teardown's figure were the teardown to free nothing).
+    ceiling: int | None = None
+    call_start: Level | None = None
+    call_kept: Booking | None = None
+    so_far: int = 0
+    reproduced: str = ""  # where the re-run kept as much again: both runs' figures, for the failure
 
 
 @dataclass
@@ -252,7 +263,54 @@ class SessionBooks:
         failed = [v for v in verdicts if not v.ok]
         if not failed or failed_already:  # one outcome a test: the call's failure names these too
             return None
-        return failure_for(failed[0].check, "\n".join(f"tfmem: {v.message}" for v in failed))
+        shown = [f"tfmem: {v.message}" for v in failed] + ([span.reproduced] if span.reproduced else [])
+        return failure_for(failed[0].check, "\n".join(shown))
+
+    # What a test leaves behind, confirmed while its fixtures still stand (``core.confirm``)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        """Where a check on the test's retained figure applies, read the process as its call
+        begins (the call's window then needs no collection of its own): what the call keeps is
+        known at its end, while a re-run can still tell a one-time cost from the test's own."""
+        span = self._span
+        if span is not None and manager(self.config).settings.confirm:
+            ceilings = [c for c in self.config.hook.pytest_tfmem_retained_ceiling(item=item) if c is not None]
+            if ceilings:
+                span.ceiling = min(ceilings)
+                span.call_start = self._read()
+        return (yield)
+
+    @pytest.hookimpl
+    def pytest_tfmem_departure(self, item: pytest.Item, record: TestRecord) -> str | None:
+        """A call that kept more than the test may leave behind runs again before the check at its
+        teardown: what only the first run kept (a cache filled once, a function traced once) is
+        booked as a one-time cost, not the test's; what the re-run keeps again stands."""
+        span = self._span
+        if span is None or span.call_start is None or span.ceiling is None:
+            return None
+        rerun = item.stash.get(RERUN_BOOKING, None)
+        if rerun is None:  # the first run's end
+            now = self._read()
+            span.call_kept = Booking.between(FIRST_USE, ONE_TIME_COST, f"paid in {item.nodeid}", span.call_start, now)
+            span.so_far = now.held - span.before.held - sum(booking.bytes for booking in span.bookings)
+            if span.so_far <= span.ceiling:
+                span.call_kept = None
+                return None
+            return f"it kept {format_size(span.so_far)}, above the {format_size(span.ceiling)} it may leave behind"
+        if span.call_kept is None:  # another departure's re-run
+            return None
+        kept = span.call_kept
+        one_time = Booking(FIRST_USE, ONE_TIME_COST, kept.detail, kept.host_bytes - rerun.host_bytes,
+                           kept.tf_bytes - rerun.tf_bytes)
+        warm = span.so_far - max(0, one_time.bytes)
+        if warm > span.ceiling:
+            span.reproduced = (f"{REPRODUCED}: its call kept {format_size(kept.bytes, signed=True)} in the first run, "
+                               f"{format_size(rerun.bytes, signed=True)} in the re-run")
+            return f"it kept {format_size(warm)} warm, above the {format_size(span.ceiling)} it may leave behind"
+        if one_time.bytes > 0:
+            span.bookings.append(one_time)
+        return None
 
     def _what_stayed(self, item: pytest.Item, span: _Span, weighed: _Weighed) -> None:
         """For a test over the threshold, what stayed: run after the young objects were collected
@@ -275,6 +333,10 @@ class SessionBooks:
     def _limit(self, item: pytest.Item) -> int | None:
         arguments = item.stash.get(ARGUMENTS, {})
         return arguments.get("max_retained", self.max_retained)
+
+    @pytest.hookimpl
+    def pytest_tfmem_retained_ceiling(self, item: pytest.Item) -> int | None:
+        return self._limit(item)
 
     @pytest.hookimpl
     def pytest_tfmem_check_retained(self, item: pytest.Item, record: TestRecord) -> Verdict | None:
