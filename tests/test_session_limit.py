@@ -355,22 +355,7 @@ def test_spawned_replacements_are_fresh_interpreters(tmp_path: Path):
 
 # A module fixture holds 100 MiB and each test leaves 80 MiB: a process crosses 260 MiB after its
 # second test, so six tests run in the session's process and two replacements.
-BOOKED = """
-import numpy as np
-import pytest
-
-KEPT = []
-
-
-@pytest.fixture(scope="module")
-def table():
-    return np.ones(100 * 2**20, dtype=np.uint8)  # filled: resident, anonymous
-
-
-@pytest.mark.parametrize("n", range(6))
-def test_grows(table, n):
-    KEPT.append(np.ones(80 * 2**20, dtype=np.uint8))
-"""
+BOOKED = (Path(__file__).resolve().parent.parent / "benchmarks" / "workloads" / "session_limit.py").read_text()
 
 
 def test_replacement_processes_keep_books_and_the_crossing_names_retained_figures(tmp_path: Path):
