@@ -97,8 +97,9 @@ def test_each_test_s_details_hold_its_tfmem_section(html_run):
     blocks = {nodeid: [e["content"] for e in row["extras"] if e["format_type"] == "html"] for nodeid, row in tests.items()}
     assert all(len(found) == 1 for found in blocks.values()), blocks
     big = blocks["test_memory.py::test_big"][0]
-    assert "<li>budget: FAILED: peak 57." in big and "MiB &gt; budget 30MB (28.6 MiB) (host RSS 57." in big
-    assert re.search(r"<tr><td>host RSS</td><td>[\d.]+ MiB</td><td>[\d.]+ MiB</td><td>[\d.]+ MiB</td><td>57\.\d MiB</td></tr>", big)
+    # 60 MB of ones (57.2 MiB), give or take the pages its process reuses
+    assert re.search(r"<li>budget: FAILED: peak 5[67]\.\d MiB &gt; budget 30MB \(28\.6 MiB\) \(host RSS 5[67]\.", big)
+    assert re.search(r"<tr><td>host RSS</td><td>[\d.]+ MiB</td><td>[\d.]+ MiB</td><td>[\d.]+ MiB</td><td>5[67]\.\d MiB</td></tr>", big)
     trace = re.search(r"trace directory: (\S+)", big)
     assert trace and (folder / trace.group(1) / "timeline.png").is_file()  # the trace the test left
     small = blocks["test_memory.py::test_small"][0]
