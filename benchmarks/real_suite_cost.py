@@ -1,0 +1,180 @@
+"""What measuring every test costs a real suite, side by side in one run: plain, measured, gated.
+
+    python -m benchmarks.real_suite_cost [--suite keras-layers|keras-own|tf-keras|small-keras]
+                                         [--sides plain,tfmem] [--rounds 2] [--tf-keras PATH] [--output PAGE]
+
+Suites:
+
+- ``keras-layers``: Keras's own tests from the installed Keras (its wheel ships them) of its
+  convolutional, RNN, attention and normalization layers, on TensorFlow: a real suite whose
+  process grows past 1 GiB (traced functions, kernels, Keras's caches);
+- ``keras-own``: the five modules of Keras's own tests the order benchmarks use
+  (``benchmarks.order_spread``: dense, embedding, sequential, functional, early stopping);
+- ``tf-keras``: tf-keras's own attention and layer-normalization tests from a checkout
+  (``--tf-keras PATH``; read as ``benchmarks.verdicts`` reads them);
+- ``small-keras``: sixteen small Keras tests on TensorFlow (``benchmarks/workloads/small_keras.py``
+  twice), a session of a few seconds, where what a session's start costs shows most.
+
+Sides, each the whole suite as one session in a fresh process, in file order (pytest-randomly
+off), their order rotated from round to round:
+
+- ``plain``: without pytest-tfmem (``-p no:tfmem``);
+- ``tfmem``: ``--tfmem-budget=64GB``, every test measured;
+- ``tfmem-cold``: the same without the first-use warm-up (``--no-tfmem-first-use-warmup``);
+- ``gates``: the budget with the memory history and its gate (``--tfmem-history-gate=25%``), as a
+  pull request runs them; the history holds one earlier commit of the suite (a session before the
+  rounds, not timed), and the tests its verdicts re-ran (``core.confirm``) are counted.
+
+A plugin of this benchmark (``benchmarks.process_size``'s) times each test's whole protocol
+(setup, call, teardown) and reads the process's RSS at the last test. Printed for each side: the
+sessions' wall times and their median against the first side's (each round's ratio, then the
+median); the median test's time; what a test costs beyond the first side (the median of the
+tests' differences, the first two tests of a session left out: they pay its start); and the
+first test's difference alone (the session's start: the runtime start, the first-use warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks import machine
+from benchmarks.flat_history import GATE, commit, git
+from benchmarks.order_spread import KERAS_OWN, KERAS_TESTS
+from benchmarks.process_size import TIMING, WORKLOAD
+from benchmarks.tables import markdown_table
+from benchmarks.verdicts import reruns, suites
+
+GIB = 2**30
+KERAS_LAYERS = ("layers/convolutional", "layers/rnn", "layers/attention", "layers/normalization")
+SUITES = {"keras-layers": "Keras's own convolutional, RNN, attention and normalization layer tests",
+          "keras-own": "Keras's own tests of five modules (dense, embedding, sequential, functional, early stopping)",
+          "tf-keras": "tf-keras's own attention and layer-normalization tests",
+          "small-keras": "16 small Keras tests (small_keras.py twice)"}
+BUDGET = ("--tfmem-budget=64GB",)
+SIDES = {
+    "plain": ("-p", "no:tfmem"),
+    "tfmem": BUDGET,
+    "tfmem-cold": (*BUDGET, "--no-tfmem-first-use-warmup"),
+    "gates": (*BUDGET, "--tfmem-history=history.jsonl", f"--tfmem-history-gate={GATE}", "--tfmem-report=report.json"),
+}
+ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", "KERAS_BACKEND": "tensorflow"}
+STARTING_TESTS = 2  # the first tests of a session pay its start (imports, the runtime, the warm-up)
+
+
+def prepare(directory: Path, suite: str, tf_keras: Path | None) -> list[str]:
+    """The folder the sessions run in, and what they run."""
+    (directory / "pytest.ini").write_text("[pytest]\n")
+    (directory / "bench_timing.py").write_text(TIMING)
+    if suite in ("keras-layers", "keras-own"):
+        return [str(KERAS_TESTS / module) for module in (KERAS_LAYERS if suite == "keras-layers" else KERAS_OWN)]
+    if suite == "tf-keras":
+        copied = suites(tf_keras)["tf-keras"]
+        for source, name in copied.copies.items():
+            text = source.read_text()
+            for old, new in copied.rewrite:
+                text = text.replace(old, new)
+            (directory / name).write_text(text)
+        return list(copied.copies.values())
+    for copy in ("a", "b"):
+        shutil.copy(WORKLOAD, directory / f"test_small_keras_{copy}.py")
+    return ["test_small_keras_a.py", "test_small_keras_b.py"]
+
+
+def session(directory: Path, targets: Sequence[str], options: Sequence[str]) -> tuple[float, dict]:
+    """One whole session: its wall time, and the plugin's per-test times and last RSS."""
+    out = directory / "times.json"
+    out.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p",
+               "bench_timing", *options, *targets]
+    environment = {**os.environ, **ENVIRONMENT, "TFMEM_BENCH_TIMES": str(out),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=directory, env=environment, capture_output=True, text=True, timeout=3600,
+                          check=False)
+    wall = time.perf_counter() - started
+    if not out.exists():
+        raise RuntimeError(f"the session wrote no times:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return wall, json.loads(out.read_text())
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:+.1f} ms"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=SUITES, default="keras-layers", help="which suite (default keras-layers)")
+    parser.add_argument("--sides", default="plain,tfmem",
+                        help=f"the sessions compared, the first the reference ({', '.join(SIDES)}; "
+                        "default plain,tfmem)")
+    parser.add_argument("--rounds", type=int, default=2, help="sessions of each side, in turn (default 2)")
+    parser.add_argument("--tf-keras", type=Path, help="a checkout of tf-keras (the tf-keras suite's tests)")
+    parser.add_argument("--output", type=Path, help="write the table between this script's markers in the page")
+    args = parser.parse_args(argv)
+    sides = args.sides.split(",")
+    unknown = [side for side in sides if side not in SIDES]
+    if unknown or len(sides) < 2:
+        parser.error(f"--sides takes two or more of {', '.join(SIDES)} (got {args.sides!r})")
+    if args.suite == "tf-keras" and args.tf_keras is None:
+        parser.error("--suite tf-keras needs --tf-keras PATH, a checkout of keras-team/tf-keras")
+    runs: dict[str, list[tuple[float, dict]]] = {side: [] for side in sides}
+    rerun_counts: list[int] = []
+    with tempfile.TemporaryDirectory() as folder:
+        directory = Path(folder)
+        targets = prepare(directory, args.suite, args.tf_keras)
+        if "gates" in sides:  # the history holds an earlier commit for the gate to hold each test to
+            git(directory, "init", "-q")
+            commit(directory, 0, 1)
+            session(directory, targets, SIDES["gates"])
+            commit(directory, 1, 1)
+        for number in range(args.rounds):
+            for side in sides[number % len(sides):] + sides[:number % len(sides)]:
+                runs[side].append(session(directory, targets, SIDES[side]))
+                if side == "gates":
+                    rerun_counts.append(reruns(directory / "report.json"))
+                print(f"round {number + 1} {side}: {runs[side][-1][0]:.1f} s", file=sys.stderr, flush=True)
+    reference = runs[sides[0]]
+    rows = []
+    for side in sides:
+        ratios = [wall / first for (wall, _), (first, _) in zip(runs[side], reference)]
+        costs, starts = [], []
+        for (_, mine), (_, theirs) in zip(runs[side], reference):
+            paired = list(zip(theirs["times"], mine["times"]))
+            costs.append(statistics.median(after - before for before, after in paired[STARTING_TESTS:]))
+            starts.append(paired[0][1] - paired[0][0])
+        walls = [wall for wall, _ in runs[side]]
+        median_test = statistics.median(statistics.median(timed["times"][STARTING_TESTS:]) for _, timed in runs[side])
+        rows.append([
+            side, str(len(runs[side][0][1]["times"])),
+            f"{statistics.median(timed['rss'] for _, timed in runs[side]) / GIB:.2f} GiB",
+            ", ".join(f"{wall:.1f} s" for wall in walls),
+            f"x{statistics.median(ratios):.3f} ({', '.join(f'x{ratio:.3f}' for ratio in ratios)})",
+            f"{median_test * 1000:.1f} ms",
+            "-" if side == sides[0] else ms(statistics.median(costs)),
+            "-" if side == sides[0] else ms(statistics.median(starts)),
+        ])
+    header = ["side", "tests", "RSS at the last test", "sessions", f"vs {sides[0]} (each round)", "median test",
+              f"a test's cost vs {sides[0]}", "first test's (the start)"]
+    text = (f"{machine.written_by('-m benchmarks.real_suite_cost', argv)}. {SUITES[args.suite]}, "
+            f"{args.rounds} rounds.\n\n" + "\n".join(markdown_table(header, rows)) + "\n")
+    if rerun_counts:
+        text += f"\nTests the gated sessions re-ran to confirm a verdict: {', '.join(map(str, rerun_counts))}.\n"
+    print(text)
+    if args.output is not None:
+        script = f"benchmarks/real_suite_cost.py {args.suite} {args.sides}"
+        machine.write_section(args.output, script, text, "What measuring costs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
