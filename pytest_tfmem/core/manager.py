@@ -684,6 +684,7 @@ class TfmemManager:
         added = [] if record is None else self._report_sections(item, record)
         report = yield
         if call.excinfo is not None and isinstance(call.excinfo.value, TfmemFailure):
+            pytest_internals.shown_as_a_test_failure(item, report, call.excinfo)
             # ``FAILED test - tfmem: peak 598.0 MiB > budget 512.0 MiB``: the figures first, not the class's
             # path; the re-run's figures in the failure's block, not in the short summary
             pytest_internals.set_failure_message(report, str(call.excinfo.value).splitlines(), FIGURES_HELP,

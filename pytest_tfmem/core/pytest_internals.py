@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _pytest._code.code import ExceptionRepr
 
 
 def unittest_error(item: pytest.Item) -> BaseException | None:
@@ -104,6 +105,16 @@ def set_failure_message(
     entries = getattr(traceback, "reprentries", [])
     if getattr(traceback, "style", None) == "value" and len(entries) == 1:
         entries[0].lines[:] = [*lines, help_line]
+
+
+def shown_as_a_test_failure(item: pytest.Item, report: pytest.TestReport,
+                            excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """A failure raised with ``pytrace=False`` shown as pytest shows it on its own items (the
+    message, no traceback), whatever the item's own ``repr_failure`` made of it: an item type that
+    renders only its own failures (nbmake's notebooks: "NBMAKE INTERNAL ERROR" and a traceback
+    through pluggy) shows tfmem's as a test's. ``Node._repr_failure_py`` is pytest's own rendering."""
+    if not isinstance(report.longrepr, ExceptionRepr):
+        report.longrepr = item._repr_failure_py(excinfo, style="value")
 
 
 def unknown_ini_keys(config: pytest.Config) -> set[str]:

@@ -78,6 +78,9 @@ def what_used_line(measurement: Measurement, largest_line: dict[str, object] | N
     """The line under a budget failure: the kind of memory, and the line of the test that needed
     the most where the re-run's line tracer knows it (``--tfmem-explain``), else how to find it."""
     kind = what_used(measurement)
+    if largest_line is None and measurement.children_peak * 2 >= measurement.peak:
+        return (f"{WHAT_USED}{kind}; their lines ran there, where --tfmem-explain does not look: `tfmem run "
+                "SCRIPT` names a script's line, `%%tfmem` a notebook cell's (docs/notebooks.md)")
     if largest_line is None:
         return f"{WHAT_USED}{kind}; for the line, run the test with --tfmem-explain"
     increase = largest_line.get("peak_increase_bytes")
