@@ -9,9 +9,10 @@ and Embedding tests, a training loop with the backend's own gradients, a tf.data
 TensorFlow), and Keras's own ``dense_test``, ``embedding_test``, ``sequential_test``,
 ``functional_test`` and ``early_stopping_test`` from the installed Keras, on TensorFlow. Each runs
 ``--orders`` times in a random order (pytest-randomly, seeds 1, 2, ...) and once more under
-``-n 2`` (seed ``orders + 1``), measured with ``--tfmem-budget=64GB`` and then again with
-``--no-tfmem-first-use-warmup``. A test is steady when every run's peak lies within max(2 MiB,
-10%) of its median, and its retained figure within max(1 MiB, 10%) of its own.
+``-n 2`` (seed ``orders + 1``), measured with ``--tfmem-budget=64GB`` and the warm-up
+(``--tfmem-first-use-warmup``), then again without it (``--no-tfmem-first-use-warmup``, the
+default). A test is steady when every run's peak lies within max(2 MiB, 10%) of its median, and
+its retained figure within max(1 MiB, 10%) of its own.
 
 The session start is a session of one trivial test in a module that imports Keras, timed from
 the process's start to its end, with the warm-up and without (median of three each); beside it,
@@ -54,7 +55,7 @@ SUITES = {  # name: (Keras backend, what it runs, for people)
 # bench extra has them); the cache would remember the last failures.
 PLUGINS = ("-p", "no:cacheprovider")
 ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
-WITHOUT = "--no-tfmem-first-use-warmup"
+WITH, WITHOUT = "--tfmem-first-use-warmup", "--no-tfmem-first-use-warmup"
 PEAK_FLOOR, RETAINED_FLOOR, SHARE = 2 * MIB, MIB, 0.10
 
 
@@ -109,8 +110,7 @@ def measure_suite(suite: str, orders: int, warm: bool, directory: Path) -> Figur
         arguments = [*targets, f"--randomly-seed={seed}", "--tfmem-budget=64GB", f"--tfmem-report={report}", "-q"]
         if seed == orders + 1:
             arguments += ["-n", "2"]
-        if not warm:
-            arguments.append(WITHOUT)
+        arguments.append(WITH if warm else WITHOUT)
         done = run_pytest(arguments, directory, backend)
         if not report.exists():
             raise RuntimeError(f"{suite} (seed {seed}) wrote no report:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -129,7 +129,7 @@ def session_start(backend: str, directory: Path, repeat: int = 3) -> tuple[float
         done = subprocess.run([sys.executable, "-c", timer], capture_output=True, text=True, env=environment,
                               check=True)
         imports.append(float(done.stdout.strip().splitlines()[-1]))
-        for sessions, extra in ((without, [WITHOUT]), (with_warmup, [])):
+        for sessions, extra in ((without, [WITHOUT]), (with_warmup, [WITH])):
             started = time.perf_counter()
             run_pytest([module.name, "-p", "no:randomly", "--tfmem-budget=64GB", "-q", *extra], directory, backend)
             sessions.append(time.perf_counter() - started)
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Machine: {machine.description()}. Versions: {machine.versions()}.",
         "",
         f"Each suite ran in {args.orders} random orders (pytest-randomly) and once more under `-n 2`, with the "
-        "first-use warm-up (`on`, the default) and without it (`off`: `--no-tfmem-first-use-warmup`). A test is "
+        "first-use warm-up (`on`: `--tfmem-first-use-warmup`) and without it (`off`, the default). A test is "
         "steady where every run's figure lies within max(2 MiB, 10%) of its median (peak), max(1 MiB, 10%) "
         "(retained).",
         "",

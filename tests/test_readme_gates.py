@@ -28,9 +28,10 @@ def test_batch():
     assert batch.sum() == {rows} * 1024
 """
 ROWS = 5120  # 40 MiB
-# As a user's session runs: shuffled by pytest-randomly, the first-use warm-up on (this suite's
-# inner runs leave both off: tests/conftest.py)
-USERS_SESSION = ("-p", "no:cacheprovider", "-p", "randomly", "-o", "tfmem_first_use_warmup=true")
+# As a user's session runs: shuffled by pytest-randomly (this suite's inner runs leave it off:
+# tests/conftest.py), with tfmem's defaults: no first-use warm-up, verdicts confirmed by a re-run
+USERS_SESSION = ("-p", "no:cacheprovider", "-p", "randomly", "-o", "tfmem_first_use_warmup=false",
+                 "-o", "tfmem_confirm=true")
 ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow", "GIT_AUTHOR_NAME": "ci",
                "GIT_AUTHOR_EMAIL": "ci@example.com", "GIT_COMMITTER_NAME": "ci", "GIT_COMMITTER_EMAIL": "ci@example.com"}
 

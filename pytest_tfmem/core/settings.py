@@ -213,10 +213,11 @@ FIRST_USE_WARMUP = Option(
     "first_use_warmup",
     "before the first measured test, pay each framework's first use once its runtime started (a tiny "
     "Keras fit with Adam, a predict with conv and embedding kernels, a tf.data pipeline, a traced "
-    "function, a gradient), so whichever test runs first is not charged for it; booked in the "
-    "session's account (default true; needs tfmem_tf_warmup)",
+    "function, a gradient), so whichever test runs first is not charged for it in the figures shown; "
+    "booked in the session's account. About a second a session: off by default, as a verdict on a "
+    "test's figures is confirmed by a re-run instead (tfmem_confirm) (default false; needs tfmem_tf_warmup)",
     parse_bool,
-    True,
+    False,
 )
 SUBTESTS = Option(
     "subtests",
