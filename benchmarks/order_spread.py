@@ -10,7 +10,7 @@ TensorFlow), and Keras's own ``dense_test``, ``embedding_test``, ``sequential_te
 ``functional_test`` and ``early_stopping_test`` from the installed Keras, on TensorFlow. Each runs
 ``--orders`` times in a random order (pytest-randomly, seeds 1, 2, ...) and once more under
 ``-n 2`` (seed ``orders + 1``), measured with ``--tfmem-budget=64GB`` and the warm-up
-(``--tfmem-first-use-warmup``), then again without it (``--no-tfmem-first-use-warmup``, the
+(``--tfmem-first-use-warmup=true``), then again without it (``--no-tfmem-first-use-warmup``, the
 default). A test is steady when every run's peak lies within max(2 MiB, 10%) of its median, and
 its retained figure within max(1 MiB, 10%) of its own.
 
@@ -55,7 +55,7 @@ SUITES = {  # name: (Keras backend, what it runs, for people)
 # bench extra has them); the cache would remember the last failures.
 PLUGINS = ("-p", "no:cacheprovider")
 ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
-WITH, WITHOUT = "--tfmem-first-use-warmup", "--no-tfmem-first-use-warmup"
+WITH, WITHOUT = "--tfmem-first-use-warmup=true", "--no-tfmem-first-use-warmup"
 PEAK_FLOOR, RETAINED_FLOOR, SHARE = 2 * MIB, MIB, 0.10
 
 
@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Machine: {machine.description()}. Versions: {machine.versions()}.",
         "",
         f"Each suite ran in {args.orders} random orders (pytest-randomly) and once more under `-n 2`, with the "
-        "first-use warm-up (`on`: `--tfmem-first-use-warmup`) and without it (`off`, the default). A test is "
+        "first-use warm-up (`on`: `--tfmem-first-use-warmup=true`) and without it (`off`, the default). A test is "
         "steady where every run's figure lies within max(2 MiB, 10%) of its median (peak), max(1 MiB, 10%) "
         "(retained).",
         "",

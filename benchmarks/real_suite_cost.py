@@ -20,7 +20,7 @@ off), their order rotated from round to round:
 
 - ``plain``: without pytest-tfmem (``-p no:tfmem``);
 - ``tfmem``: ``--tfmem-budget=64GB``, every test measured;
-- ``tfmem-warm``: the same with the first-use warm-up (``--tfmem-first-use-warmup``; off by default);
+- ``tfmem-warm``: the same with the first-use warm-up (``--tfmem-first-use-warmup=true``; off by default);
 - ``gates``: the budget with the memory history and its gate (``--tfmem-history-gate=25%``), as a
   pull request runs them; the history holds one earlier commit of the suite (a session before the
   rounds, not timed), and the tests its verdicts re-ran (``core.confirm``) are counted.
@@ -64,7 +64,7 @@ BUDGET = ("--tfmem-budget=64GB",)
 SIDES = {
     "plain": ("-p", "no:tfmem"),
     "tfmem": BUDGET,
-    "tfmem-warm": (*BUDGET, "--tfmem-first-use-warmup"),
+    "tfmem-warm": (*BUDGET, "--tfmem-first-use-warmup=true"),
     "gates": (*BUDGET, "--tfmem-history=history.jsonl", f"--tfmem-history-gate={GATE}", "--tfmem-report=report.json"),
 }
 ENVIRONMENT = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore", "KERAS_BACKEND": "tensorflow"}
