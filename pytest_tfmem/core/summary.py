@@ -10,7 +10,7 @@ from pytest_tfmem.core.first_imports import section_lines
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.platforms import EXACT, EXACT_IF_RAISED
-from pytest_tfmem.probes.children import ChildFigure, ChildrenReading
+from pytest_tfmem.probes.children import INTERVAL_S, ChildFigure, ChildrenReading
 from pytest_tfmem.units import format_size
 
 
@@ -227,8 +227,9 @@ def children_lines(children: ChildrenReading | None) -> list[str]:
     count = len(children.processes)
     named = children.largest(SECTION_CHILDREN)
     named += [figure for figure in children.processes if figure.died and figure not in named]
+    started_or_used = children.counted().split(" ", 1)[1]  # "processes it started", "process it used"
     lines = [
-        f"processes it started: {count}, together {format_size(children.combined)} ({combined_basis(children)})"
+        f"{started_or_used}: {count}, together {format_size(children.combined)} ({combined_basis(children)})"
         + (f"; the {SECTION_CHILDREN} largest:" if count > len(named) else ":")
     ]
     return lines + [f"  {describe_child(figure)}" for figure in named]
@@ -254,4 +255,7 @@ def describe_child(figure: ChildFigure) -> str:
     how = "running when the test ended" if figure.running else (figure.ended or "ended (reaped elsewhere)")
     basis = "" if figure.exact else " (as last read)"
     last = f", last read at {format_size(figure.last_rss)}" if figure.died else ""
+    if figure.running_before:
+        return (f"pid {figure.pid} `{figure.command}`: running before the test, grew {format_size(figure.peak)} "
+                f"while it ran (as read every {INTERVAL_S * 1000:g} ms){last}, {how}")
     return f"pid {figure.pid} `{figure.command}`: peak {format_size(figure.peak)}{basis}{last}, {how}"

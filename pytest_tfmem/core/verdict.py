@@ -39,9 +39,8 @@ def describe_views(measurement: Measurement) -> str:
     views = [f"{view_label(view.view)} {format_size(view.increase)}" for view in measurement.views]
     if measurement.children is not None:
         largest = measurement.children.largest(1)[0]
-        count = len(measurement.children.processes)
         views.append(
-            f"{count} process{'es' if count > 1 else ''} it started {format_size(measurement.children_peak)}, "
+            f"{measurement.children.counted()} {format_size(measurement.children_peak)}, "
             f"the largest pid {largest.pid} `{largest.command}` {format_size(largest.peak)}"
         )
     return ", ".join(views)
@@ -64,8 +63,9 @@ def what_used(measurement: Measurement) -> str:
     """The kind of memory that made most of a test's peak, in words: the processes it started,
     tensors in a framework's host allocator, or host memory outside the frameworks' allocators."""
     peak = measurement.peak
-    if measurement.children_peak * 2 >= peak:
-        return f"mostly the processes it started ({format_size(measurement.children_peak)} of {format_size(peak)})"
+    if measurement.children is not None and measurement.children_peak * 2 >= peak:
+        processes = measurement.children.counted().split(" ", 1)[1]  # processes it started (or used)
+        return f"mostly the {processes} ({format_size(measurement.children_peak)} of {format_size(peak)})"
     pooled = max((v for v in measurement.views if frameworks.is_host_view(v.view)), key=lambda v: v.increase,
                  default=None)
     if pooled is not None and pooled.increase * 2 >= peak:
@@ -79,8 +79,8 @@ def what_used_line(measurement: Measurement, largest_line: dict[str, object] | N
     the most where the re-run's line tracer knows it (``--tfmem-explain``), else how to find it."""
     kind = what_used(measurement)
     if largest_line is None and measurement.children_peak * 2 >= measurement.peak:
-        return (f"{WHAT_USED}{kind}; their lines ran there, where --tfmem-explain does not look: `tfmem run "
-                "SCRIPT` names a script's line, `%%tfmem` a notebook cell's (docs/notebooks.md)")
+        return (f"{WHAT_USED}{kind}; the code that used it ran there, where --tfmem-explain does not look: "
+                "`tfmem run SCRIPT` names a script's line, `%%tfmem` a notebook cell's (docs/notebooks.md)")
     if largest_line is None:
         return f"{WHAT_USED}{kind}; for the line, run the test with --tfmem-explain"
     increase = largest_line.get("peak_increase_bytes")

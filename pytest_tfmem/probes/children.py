@@ -27,9 +27,13 @@ sleeps once no window has been open for ``IDLE_AFTER_S``. A process that starts 
 ends before the next is still read where it is reaped through ``os.waitpid`` (its ``ru_maxrss``),
 and one still running when the window ends is read then; one reaped elsewhere (a shell's child)
 that lived less than ``LOOK_S`` is missed.
-Processes already running when a window opens (an isolation template, a pool a wider fixture
-started) are not the window's, nor are those a span left out of it starts (a first import's).
-A fork of this process tells its size at the fork itself (``ForkSizes``).
+Processes already running when a window opens (a kernel nbval started for a notebook's first
+cell, a pool a wider fixture started) count by what they grew while it was open: their size as
+it opened, and their largest size read while it was open (every ``INTERVAL_S``; an exact mark
+would need resetting theirs, which the windows of other tests nest in), at least ``GREW_AT_LEAST``
+above it. tfmem's own processes (isolation templates) never count, nor do those a span left out
+of the window starts (a first import's). A fork of this process tells its size at the fork itself
+(``ForkSizes``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ LOOK_S = 0.05  # how often the thread looks for a first one while windows have n
 IDLE_AFTER_S = 1.0  # the thread sleeps once no window has been open for this long
 # How often the list of descendants is refreshed when no process was started anywhere.
 _REFRESH_S = 0.25
+# What a process running before a window opened must grow by to count (an idle process's pages
+# come and go by a few hundred KiB).
+GREW_AT_LEAST = 2**20
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class ChildFigure:
     ended: str | None  # "exited with 0", "killed by SIGKILL ...", None while running or not reaped here
     running: bool  # still running when the window closed
     oom_killed: bool = False
+    # Running before the window opened: ``peak`` is what it grew by while the window was open.
+    running_before: bool = False
 
     @property
     def died(self) -> bool:
@@ -85,6 +94,13 @@ class ChildrenReading:
 
     def largest(self, count: int) -> list[ChildFigure]:
         return sorted(self.processes, key=lambda figure: figure.peak, reverse=True)[:count]
+
+    def counted(self) -> str:
+        """``1 process it started``, ``2 processes it used`` (running before it), ``3 processes it
+        started or used``."""
+        count, before = len(self.processes), sum(figure.running_before for figure in self.processes)
+        how = "it started" if not before else "it used" if before == count else "it started or used"
+        return f"{count} process{'es' if count > 1 else ''} {how}"
 
     def to_dict(self) -> dict[str, Any]:
         data = dict(vars(self))
@@ -117,6 +133,9 @@ class ChildWindow:
     oom_read: bool = False
     sampled_sum: int = 0
     seen: set[int] = field(default_factory=set)
+    # Processes running as it opened (less tfmem's own): their size then, and the largest read since.
+    sizes_before: dict[int, int] = field(default_factory=dict)
+    largest: dict[int, int] = field(default_factory=dict)
 
 
 class ChildWatch:
@@ -143,10 +162,15 @@ class ChildWatch:
     def open(self) -> ChildWindow:
         with self._lock:
             leave_out: set[int] = set()
+            sizes_before: dict[int, int] = {}
             if self.platform.has_children():
                 self._refresh()
                 leave_out = set(self._tree.descendants) | self.helpers
-            window = ChildWindow(time.monotonic(), leave_out)
+                if set(self._tree.descendants) - self.helpers:
+                    self._read_tree()
+                    alive = self._tree.running - self.helpers
+                    sizes_before = {pid: mark.rss for pid, mark in self._tree.processes.items() if pid in alive}
+            window = ChildWindow(time.monotonic(), leave_out, sizes_before=sizes_before)
             self._windows.append(window)
             self._install_waitpid()
             self._start_thread()
@@ -229,12 +253,12 @@ class ChildWatch:
         """Read every descendant; refresh their list first if a process was started anywhere."""
         if self.platform.processes_started() != self._last_pid or time.monotonic() - self._refreshed >= _REFRESH_S:
             self._refresh()
-        try:
-            self._tree.read()
-        except Exception:  # this process is the root: never gone; a /proc oddity is skipped
+        if not self._read_tree():
             return
         alive = self._tree.running
         for window in self._windows:
+            for pid in window.sizes_before.keys() & alive:
+                window.largest[pid] = max(window.largest.get(pid, 0), self._tree.processes[pid].rss)
             in_span = self._span[0] if self._span is not None else float("inf")  # a first import's: not the window's
             own = [
                 mark for pid, mark in self._tree.processes.items()
@@ -246,14 +270,24 @@ class ChildWatch:
             window.seen.update(mark.pid for mark in own)
             window.sampled_sum = max(window.sampled_sum, sum(mark.own_size for mark in own))
 
+    def _read_tree(self) -> bool:
+        try:
+            self._tree.read()
+        except Exception:  # this process is the root: never gone; a /proc oddity is skipped
+            return False
+        return True
+
     def _reading(self, window: ChildWindow) -> ChildrenReading | None:
         pids = (window.seen | {pid for pid in self._reaped if pid not in window.leave_out}) - window.leave_out
-        if not pids:
+        grew = {pid: largest - window.sizes_before[pid] for pid, largest in window.largest.items()
+                if largest - window.sizes_before[pid] >= GREW_AT_LEAST}
+        if not pids and not grew:
             return None
         oom = system.oom_kills_since(window.oom_before) if window.oom_read else None
         alive = self._tree.running
         figures = [self._figure(pid, pid in alive, oom) for pid in sorted(pids)]
-        marks = [self._tree.processes.get(pid) for pid in sorted(pids)]
+        figures += [self._growth(pid, grown, pid in alive) for pid, grown in sorted(grew.items())]
+        marks = [self._tree.processes.get(pid) for pid in [*sorted(pids), *sorted(grew)]]
         combined, basis = _combined(figures, marks, window.sampled_sum)
         return ChildrenReading(tuple(figures), combined, basis, window.sampled_sum)
 
@@ -284,6 +318,11 @@ class ChildWatch:
             pid, command, max(peak, exact_peak or 0), exact_peak is not None,
             mark.rss if mark is not None else 0, ended, running, oom_killed,
         )
+
+    def _growth(self, pid: int, grown: int, running: bool) -> ChildFigure:
+        """A process that was running as the window opened, by what it grew while it was open."""
+        mark = self._tree.processes[pid]
+        return ChildFigure(pid, mark.command, grown, False, mark.rss, None, running, running_before=True)
 
     # -- reaping
 
