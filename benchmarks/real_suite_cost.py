@@ -12,8 +12,8 @@ Suites:
   (``benchmarks.order_spread``: dense, embedding, sequential, functional, early stopping);
 - ``tf-keras``: tf-keras's own attention and layer-normalization tests from a checkout
   (``--tf-keras PATH``; read as ``benchmarks.verdicts`` reads them);
-- ``small-keras``: sixteen small Keras tests on TensorFlow (``benchmarks/workloads/small_keras.py``
-  twice), a session of a few seconds, where what a session's start costs shows most.
+- ``small-keras``: small Keras tests on TensorFlow (``benchmarks/workloads/small_keras.py`` twice,
+  18 tests), a session of a few seconds, where what a session's start costs shows most.
 
 Sides, each the whole suite as one session in a fresh process, in file order (pytest-randomly
 off), their order rotated from round to round:
@@ -59,7 +59,7 @@ KERAS_LAYERS = ("layers/convolutional", "layers/rnn", "layers/attention", "layer
 SUITES = {"keras-layers": "Keras's own convolutional, RNN, attention and normalization layer tests",
           "keras-own": "Keras's own tests of five modules (dense, embedding, sequential, functional, early stopping)",
           "tf-keras": "tf-keras's own attention and layer-normalization tests",
-          "small-keras": "16 small Keras tests (small_keras.py twice)"}
+          "small-keras": "small Keras tests on TensorFlow (small_keras.py twice: 18)"}
 BUDGET = ("--tfmem-budget=64GB",)
 SIDES = {
     "plain": ("-p", "no:tfmem"),
