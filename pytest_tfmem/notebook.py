@@ -2,7 +2,7 @@
 
 - ``%%tfmem`` measures a cell as a test's window is measured (``core.measure.Monitor``): its exact
   peak above where it started (the kernel's high-water mark, reset for the cell), what it left
-  behind once its garbage was collected, and the frameworks' views (TensorFlow's allocators,
+  behind once its young garbage was collected, and the frameworks' views (TensorFlow's allocators,
   JAX's and PyTorch's devices) where they are loaded.
 - ``%%tfmem 2GB`` also holds the cell to that budget: over it, the cell ends in one error
   (``BudgetExceeded``, an ``Exception`` here) with the figures and what used the memory. The
@@ -14,6 +14,7 @@ Bad input (``%%tfmem 2 gigs``) is a one-line usage error that runs nothing.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from pytest_tfmem.core.measure import Monitor
@@ -30,8 +31,8 @@ HELP = """Measure a cell (%%tfmem) or a line (%tfmem STATEMENT), optionally agai
 
 peak: the most memory the cell needed above where it started, exact (the kernel's high-water
 mark of this process, reset for the cell; TensorFlow's allocators where TensorFlow is loaded);
-left behind: the process after the cell, its garbage collected and freed heap handed back,
-less before it (what its variables and caches keep)."""
+left behind: the process after the cell, its young garbage collected and freed heap handed
+back, less before it (what its variables and caches keep)."""
 
 
 def split_budget(line: str) -> tuple[int | None, str]:
@@ -48,16 +49,26 @@ def cell_budget(line: str) -> int | None:
     return parse_size(line.strip(), what="budget") if line.strip() else None
 
 
+def collect_young() -> None:
+    """Python's two younger generations: what the kernel made since its last collection. A full
+    collection walks every object a notebook holds (33 ms a cell in a bare IPython shell here,
+    ``python -m benchmarks.magic_cost``); garbage in the oldest generation is held, never reused
+    unseen, so no figure reads low for it."""
+    gc.collect(1)
+
+
 def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | None]:
     """Run ``run()`` in a window: the lines to print, and the budget's failure (an ``Exception``
     here) where it was over."""
+    collect_young()
     before = read_collected_level()
-    monitor = Monitor()
+    monitor = Monitor(release_first=False)
     monitor.start()
     try:
         run()
     finally:
         measurement = monitor.stop()
+    collect_young()
     left = read_collected_level().held - before.held
     lines = [
         f"tfmem: peak {format_size(measurement.peak)} ({describe_views(measurement)}); "

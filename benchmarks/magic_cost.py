@@ -1,0 +1,59 @@
+"""What ``%%tfmem`` adds to a notebook cell, side by side in one IPython shell.
+
+    python -m benchmarks.magic_cost [--cells 200] [--tensorflow]
+
+A real IPython shell (``IPython.testing.globalipapp``) in a process of its own, with
+``%load_ext pytest_tfmem``, runs the same small cell (a 1 MiB NumPy array made and summed)
+``--cells`` times plain and ``--cells`` times under ``%%tfmem``, alternating, and prints the
+medians and their difference: what the magic costs a cell (its garbage collection, heap trim,
+high-water mark reset, readings and printed line). ``--tensorflow`` imports TensorFlow first, as
+a Keras notebook has, so the collection sees its objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+
+SHELL = r'''
+import contextlib, io, json, statistics, sys, time
+from IPython.testing.globalipapp import start_ipython
+
+shell = start_ipython()
+if {tensorflow}:
+    shell.run_cell("import tensorflow as tf")
+shell.run_line_magic("load_ext", "pytest_tfmem")
+shell.run_cell("import numpy as np")
+cell = "block = np.ones(2**20 // 8)\ntotal = float(block.sum())\n"
+plain, measured = [], []
+for number in range({cells}):
+    for source, times in ((cell, plain), ("%%tfmem\n" + cell, measured)):
+        with contextlib.redirect_stdout(io.StringIO()):
+            started = time.perf_counter()
+            shell.run_cell(source)
+            times.append(time.perf_counter() - started)
+print(json.dumps({{"plain": statistics.median(plain[5:]), "measured": statistics.median(measured[5:])}}))
+'''
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", type=int, default=200, help="cells of each kind (default 200)")
+    parser.add_argument("--tensorflow", action="store_true", help="import TensorFlow in the shell first")
+    args = parser.parse_args(argv)
+    done = subprocess.run([sys.executable, "-c", SHELL.format(cells=args.cells, tensorflow=args.tensorflow)],
+                          capture_output=True, text=True, check=True, timeout=1800)
+    medians = json.loads(done.stdout.strip().splitlines()[-1])
+    cost = medians["measured"] - medians["plain"]
+    shell = "with TensorFlow imported" if args.tensorflow else "NumPy only"
+    print(f"%%tfmem on a small cell ({shell}, {args.cells} cells each, medians): plain "
+          f"{medians['plain'] * 1000:.2f} ms, measured {medians['measured'] * 1000:.2f} ms, "
+          f"the magic costs {cost * 1000:+.2f} ms a cell")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
