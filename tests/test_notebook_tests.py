@@ -1,8 +1,14 @@
-"""Notebooks run as tests (nbmake) with a real ipykernel: a notebook over its budget, or killed at
-its limit in a child process, fails as a test does, with tfmem's message (the figure, the kernel
-process named), not as nbmake's "INTERNAL ERROR" with a traceback through pluggy."""
+"""Notebooks run as tests with a real ipykernel: under nbmake (a notebook, one test, in a kernel it
+starts) and nbval (a cell, one test, in a kernel started before the first cell's window), a
+notebook over its budget, or killed at its limit in a child process, fails as a test does, with
+tfmem's message (the figure, the kernel process named), not as nbmake's "INTERNAL ERROR" with a
+traceback through pluggy."""
 
 from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +20,7 @@ BIG_CELL = "import numpy as np\nblock = np.ones(400 * 2**20, dtype=np.uint8)\nin
 
 def notebook(path, *cells: str) -> None:
     book = nbformat.v4.new_notebook()
-    book.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    book.cells = [nbformat.v4.new_code_cell(source, execution_count=number + 1) for number, source in enumerate(cells)]
     book.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(book, str(path))
 
@@ -27,16 +33,21 @@ def assert_failed_as_a_test(result: pytest.RunResult, expected: str) -> None:
     result.stdout.fnmatch_lines([expected])
 
 
-@pytest.mark.linux  # the kernel is a process the test started: its peak is read from /proc
-def test_a_notebook_over_its_budget_fails_like_a_test_naming_the_kernel(pytester: pytest.Pytester):
-    pytest.importorskip("nbmake")
+@pytest.mark.linux  # the kernel's memory is read from /proc
+@pytest.mark.parametrize(("runner", "option", "kernel"),
+                         [("nbmake", "--nbmake", "it started"), ("nbval", "--nbval-lax", "it used")])
+def test_a_notebook_over_its_budget_fails_like_a_test_naming_the_kernel(pytester: pytest.Pytester, runner: str,
+                                                                         option: str, kernel: str):
+    """nbmake's kernel starts in the test; nbval's before the cell's window opens: it counts by
+    what it grew while the cell ran (``--nbval-lax``: the cells' outputs are not compared)."""
+    pytest.importorskip(runner)
     notebook(pytester.path / "big.ipynb", BIG_CELL)
-    result = pytester.runpytest_subprocess("--nbmake", "--tfmem-budget=200MB", "big.ipynb")
+    result = pytester.runpytest_subprocess(option, "--tfmem-budget=200MB", "big.ipynb")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    assert_failed_as_a_test(result, "tfmem: peak 4??.? MiB > budget 200MB (190.7 MiB) (host RSS *, 1 process it "
-                                    "started 4??.? MiB, the largest pid * `python -m ipykernel_launcher *` 4??.? MiB)")
-    result.stdout.fnmatch_lines(["tfmem: what used it: mostly the processes it started (4??.? MiB of 4??.? MiB); "
-                                 "their lines ran there, *`%%tfmem` a notebook cell's (docs/notebooks.md)"])
+    assert_failed_as_a_test(result, f"tfmem: peak 4??.? MiB > budget 200MB (190.7 MiB) (host RSS *, 1 process {kernel} "
+                                    "4??.? MiB, the largest pid * `python -m ipykernel_launcher *` 4??.? MiB)")
+    result.stdout.fnmatch_lines([f"tfmem: what used it: mostly the process* {kernel} (4??.? MiB of 4??.? MiB); "
+                                 "the code that used it ran there, *`%%tfmem` a notebook cell's (docs/notebooks.md)"])
 
 
 @pytest.mark.linux
@@ -47,3 +58,37 @@ def test_an_isolated_notebook_killed_at_its_limit_fails_like_a_test(pytester: py
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert_failed_as_a_test(result, "tfmem: killed at kill_at 300MB (286.1 MiB): the isolated test's process tree "
                                     "reached * MiB after *")
+
+
+def cell_text(cell) -> str:
+    """What a cell printed, or the error it ended in (``BudgetExceeded: tfmem: peak ...``)."""
+    parts = []
+    for output in cell.get("outputs", []):
+        if output["output_type"] == "stream":
+            parts.append(output["text"])
+        elif output["output_type"] == "error":
+            parts.append(f"{output['ename']}: {output['evalue']}")
+    return "".join(parts)
+
+
+@pytest.mark.linux  # exact marks: a cell's peak is the kernel's high-water mark
+def test_the_docs_notebook_runs_in_a_real_kernel_as_the_docs_show_it() -> None:
+    """docs/notebooks/magics.ipynb is written by scripts/doc_notebook.py: run again here with
+    nbclient in a fresh kernel, its cells print the figures the docs show; over budget, one error,
+    and the kernel and its variables live on."""
+    pytest.importorskip("nbclient")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "doc_notebook.py"
+    spec = importlib.util.spec_from_file_location("doc_notebook", script)
+    assert spec is not None and spec.loader is not None
+    doc_notebook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_notebook)
+    ran = [cell_text(cell) for cell in doc_notebook.executed().cells]
+    assert ran[0] == ""
+    assert re.match(r"tfmem: peak (79|80)\.\d MiB .*; left behind \+(49\.9|50\.\d) MiB", ran[1]), ran[1]
+    assert "<= budget 100MB (95.4 MiB)" in ran[2]
+    assert ran[3].startswith("BudgetExceeded: tfmem: peak 4") and "> budget 20MB (19.1 MiB)" in ran[3], ran[3]
+    assert ran[4] == "the kernel lives on: kept 50 MiB, big 40 MiB\n"
+    stored = nbformat.read(str(doc_notebook.NOTEBOOK), as_version=4)
+    assert [cell.source for cell in stored.cells] == list(doc_notebook.CELLS)  # the docs show these cells
+    shown = [cell_text(cell) for cell in stored.cells]
+    assert [text.split(" ", 2)[:2] for text in shown] == [text.split(" ", 2)[:2] for text in ran]  # as written, not by hand
