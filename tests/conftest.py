@@ -37,8 +37,10 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 # projects: its import took 0.45 s of CPU in each of the suite's several hundred inner runs. Here
 # for plain subprocesses (module-scoped fixtures' too), and in ``pytester`` below, which discards
 # the outer PYTEST_ADDOPTS. A run with ``-p no:tfmem`` takes PLAIN_RUN_OPTIONS:
-# pytest warns of an ini option no plugin declares.
-PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest"
+# pytest warns of an ini option no plugin declares. So are nbmake's and nbval's: their imports
+# (Jupyter's client, nbformat) made every inner session's process 20 MiB larger, which the tests of
+# a limit on the process's size read; the notebook tests ask for them (``-p nbmake``).
+PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest -p no:nbmake -p no:nbval"
 # The first-use warm-up costs each inner session that starts TensorFlow about 1.2 s, a tenth of
 # this suite's time, and most tests look at one test's figures, not at their order: it is off in
 # inner runs, and the tests of first use and of order ask for it (WARM_UP).

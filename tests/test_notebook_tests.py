@@ -42,7 +42,7 @@ def test_a_notebook_over_its_budget_fails_like_a_test_naming_the_kernel(pytester
     what it grew while the cell ran (``--nbval-lax``: the cells' outputs are not compared)."""
     pytest.importorskip(runner)
     notebook(pytester.path / "big.ipynb", BIG_CELL)
-    result = pytester.runpytest_subprocess(option, "--tfmem-budget=200MB", "big.ipynb")
+    result = pytester.runpytest_subprocess("-p", runner, option, "--tfmem-budget=200MB", "big.ipynb")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert_failed_as_a_test(result, f"tfmem: peak 4??.? MiB > budget 200MB (190.7 MiB) (host RSS *, 1 process {kernel} "
                                     "4??.? MiB, the largest pid * `python -m ipykernel_launcher *` 4??.? MiB)")
@@ -54,7 +54,8 @@ def test_a_notebook_over_its_budget_fails_like_a_test_naming_the_kernel(pytester
 def test_an_isolated_notebook_killed_at_its_limit_fails_like_a_test(pytester: pytest.Pytester):
     pytest.importorskip("nbmake")
     notebook(pytester.path / "big.ipynb", BIG_CELL)
-    result = pytester.runpytest_subprocess("--nbmake", "--tfmem-isolate", "--tfmem-kill-at=300MB", "big.ipynb")
+    result = pytester.runpytest_subprocess("-p", "nbmake", "--nbmake", "--tfmem-isolate", "--tfmem-kill-at=300MB",
+                                           "big.ipynb")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert_failed_as_a_test(result, "tfmem: killed at kill_at 300MB (286.1 MiB): the isolated test's process tree "
                                     "reached * MiB after *")

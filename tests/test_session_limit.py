@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from cgroup_helpers import memory_cgroup, oom_kills, run_pytest_in
+from conftest import PLAIN_RUN_OPTIONS
 
 from pytest_tfmem.isolate.limit import auto_limit, parse_session_limit
 from pytest_tfmem.probes.system import MemoryLimit
@@ -99,10 +100,11 @@ def _size(text: str) -> int:
 
 def _run(folder: Path, source: str, *args: str) -> Run:
     (folder / "test_creep.py").write_text(source)
-    # Without the outer PYTEST_ADDOPTS, so pytest-randomly is switched off here: the tests run in file order.
+    # Without the outer PYTEST_ADDOPTS, so pytest-randomly (and the plugins that would make the process
+    # larger) are switched off here: the tests run in file order, two to a process.
     environment = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "PYTEST_ADDOPTS")}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-v", *args],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *PLAIN_RUN_OPTIONS.split(), "-v", *args],
         cwd=folder, env=environment, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     return Run(folder, done.returncode, done.stdout + done.stderr)
