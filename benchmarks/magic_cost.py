@@ -1,4 +1,4 @@
-"""What ``%%tfmem`` adds to a notebook cell, side by side in one IPython shell.
+"""What ``%%tfmem`` and ``%tfmem_guard`` add to a notebook cell, side by side in one IPython shell.
 
     python -m benchmarks.magic_cost [--cells 200] [--tensorflow]
 
@@ -6,8 +6,10 @@ A real IPython shell (``IPython.testing.globalipapp``) in a process of its own, 
 ``%load_ext pytest_tfmem``, runs the same small cell (a 1 MiB NumPy array made and summed)
 ``--cells`` times plain and ``--cells`` times under ``%%tfmem``, alternating, and prints the
 medians and their difference: what the magic costs a cell (its garbage collection, heap trim,
-high-water mark reset, readings and printed line). ``--tensorflow`` imports TensorFlow first, as
-a Keras notebook has, so the collection sees its objects.
+high-water mark reset, readings and printed line). Then the same plain cell with ``%tfmem_guard``
+on (its thread started and stopped around each cell), and the kernel's CPU time over two idle
+seconds with the guard on, as a share of those seconds. ``--tensorflow`` imports TensorFlow
+first, as a Keras notebook has, so the collection sees its objects.
 """
 
 from __future__ import annotations
@@ -35,7 +37,17 @@ for number in range({cells}):
             started = time.perf_counter()
             shell.run_cell(source)
             times.append(time.perf_counter() - started)
-print(json.dumps({{"plain": statistics.median(plain[5:]), "measured": statistics.median(measured[5:])}}))
+shell.run_cell("%tfmem_guard 64GB")
+guarded = []
+for number in range({cells}):
+    started = time.perf_counter()
+    shell.run_cell(cell)
+    guarded.append(time.perf_counter() - started)
+cpu, wall = time.process_time(), time.perf_counter()
+time.sleep(2)
+idle = (time.process_time() - cpu) / (time.perf_counter() - wall)
+print(json.dumps({{"plain": statistics.median(plain[5:]), "measured": statistics.median(measured[5:]),
+                   "guarded": statistics.median(guarded[5:]), "idle": idle}}))
 '''
 
 
@@ -52,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"%%tfmem on a small cell ({shell}, {args.cells} cells each, medians): plain "
           f"{medians['plain'] * 1000:.2f} ms, measured {medians['measured'] * 1000:.2f} ms, "
           f"the magic costs {cost * 1000:+.2f} ms a cell")
+    print(f"%tfmem_guard on: the cell {medians['guarded'] * 1000:.2f} ms "
+          f"({(medians['guarded'] - medians['plain']) * 1000:+.2f} ms); the idle kernel's CPU "
+          f"{medians['idle'] * 100:.2f}% of two seconds")
     return 0
 
 

@@ -8,6 +8,8 @@
   (``BudgetExceeded``, an ``Exception`` here) with the figures and what used the memory. The
   cell's variables stay as the cell left them; the kernel is untouched.
 - ``%tfmem STATEMENT`` (``%tfmem 2GB STATEMENT``) does the same for one line, as ``%memit`` does.
+- ``%tfmem_guard 6GB`` stops a cell that takes the kernel past 6 GB where it has reached
+  (``guard``); ``%tfmem_guard off`` removes it.
 
 Bad input (``%%tfmem 2 gigs``) is a one-line usage error that runs nothing.
 """
@@ -17,11 +19,13 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+from pytest_tfmem import guard
 from pytest_tfmem.core.measure import Monitor
 from pytest_tfmem.core.retained import read_collected_level
 from pytest_tfmem.core.verdict import WHAT_USED, check_budget, describe_views, what_used
 from pytest_tfmem.errors import BudgetExceeded, TfmemFailure, failure
-from pytest_tfmem.units import SIZE_FORMS, format_size, parse_size
+from pytest_tfmem.probes import host
+from pytest_tfmem.units import SIZE_FORMS, format_limit, format_size, parse_size
 
 HELP = """Measure a cell (%%tfmem) or a line (%tfmem STATEMENT), optionally against a budget.
 
@@ -81,12 +85,53 @@ def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | Non
     return lines + ([f"tfmem: {verdict.message}"] if verdict is not None else []), None
 
 
+GUARD_HELP = """Stop a cell that takes the kernel past a size, before the OOM killer takes the kernel.
+
+    %tfmem_guard 6GB     while a cell runs, the kernel's size is read every 20 ms; past 6 GB
+                         the cell stops where it is (GuardTripped), the kernel and its
+                         variables stay
+    %tfmem_guard off     no guard
+
+One native call that allocates past the guard and the machine's memory at once cannot be stopped
+before it returns."""
+
+
+def guard_limit(line: str) -> int | None:
+    """``%tfmem_guard 6GB``: the limit, ``None`` for ``off``; ``ValueError`` names anything else."""
+    words = line.strip()
+    if words == "off":
+        return None
+    if not words:
+        raise ValueError(f"%tfmem_guard needs a size or off; sizes: {SIZE_FORMS}")
+    limit = parse_size(words, what="guard")
+    held = host.current_rss()
+    if limit <= held:
+        raise ValueError(f"guard {words} is not above what the kernel holds already, {format_size(held)}: "
+                         "give a larger size")
+    return limit
+
+
 def load_ipython_extension(ipython: Any) -> None:
     from IPython.core.error import UsageError
-    from IPython.core.magic import Magics, line_cell_magic, magics_class
+    from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
     @magics_class
     class TfmemMagics(Magics):
+        kernel_guard: guard.Guard | None = None
+
+        @line_magic
+        def tfmem_guard(self, line: str) -> None:
+            try:
+                limit = guard_limit(line)
+            except ValueError as error:
+                raise UsageError(f"{error}\n{GUARD_HELP.splitlines()[0]}") from None
+            self.kernel_guard = guard.install(self.shell, limit, self.kernel_guard)
+            if limit is None:
+                print("tfmem guard: off")
+                return
+            print(f"tfmem guard: a cell that takes the kernel past {format_limit(limit)} is stopped there "
+                  f"(it holds {format_size(host.current_rss())} now)")
+
         @line_cell_magic
         def tfmem(self, line: str, cell: str | None = None) -> None:
             __tracebackhide__ = True  # IPython shows the cell's error, not tfmem's frames
@@ -105,4 +150,5 @@ def load_ipython_extension(ipython: Any) -> None:
             print("\n".join(lines))
 
     TfmemMagics.tfmem.__doc__ = HELP
+    TfmemMagics.tfmem_guard.__doc__ = GUARD_HELP
     ipython.register_magics(TfmemMagics)

@@ -51,3 +51,41 @@ def test_the_magics_measure_a_cell_and_a_line_hold_a_budget_and_refuse_bad_input
     # bad input: a usage error that names it, and the cell does not run
     assert "UsageError: invalid budget '2 gigs'" in done.stderr and "BAD False True" in out
     assert "the most memory the cell needed above where it started" in out  # the help says what each figure counts
+
+
+GUARDED = r'''
+import time
+from IPython.testing.globalipapp import start_ipython
+
+shell = start_ipython()
+shell.run_line_magic("load_ext", "pytest_tfmem")
+shell.run_cell("import numpy as np, time\nbefore = 'kept'")
+for bad in ("%tfmem_guard 2 gigs", "%tfmem_guard 1MB", "%tfmem_guard"):
+    refused = shell.run_cell(bad)
+    print("REFUSED", bad, refused.error_before_exec is not None or refused.error_in_exec is not None)
+shell.run_cell("%tfmem_guard 400MB")
+grows = "chunks = []\nfor step in range(100):\n    chunks.append(np.ones(20 * 2**20, dtype=np.uint8))\n    time.sleep(0.01)\n"
+over = shell.run_cell(grows)
+print("TRIPPED", type(over.error_in_exec).__name__, isinstance(over.error_in_exec, Exception))
+print("MESSAGE", over.error_in_exec)
+shell.run_cell("print('ALIVE', before, 10 <= len(chunks) < 25)")
+shell.run_cell("del chunks")
+print("UNDER", shell.run_cell("small = [np.ones(2**20, dtype=np.uint8) for _ in range(20)]").success)
+shell.run_cell("%tfmem_guard off")
+print("OFF", shell.run_cell(grows.replace("range(100)", "range(25)")).success)
+'''
+
+
+@pytest.mark.linux  # the kernel's size: RSS
+def test_the_guard_stops_a_growing_cell_where_it_is_and_keeps_the_kernel_and_its_variables(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", GUARDED], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert out.count(" True\n") >= 3 and "REFUSED %tfmem_guard 2 gigs True" in out and "REFUSED %tfmem_guard 1MB True" in out
+    assert "guard 1MB is not above what the kernel holds already" in out + done.stderr
+    assert "TRIPPED GuardTripped True" in out
+    message = next(line for line in out.splitlines() if line.startswith("MESSAGE "))
+    assert "> guard 400MB (381.5 MiB) while this cell ran (it grew +" in message and "the cell was stopped here" in message
+    assert "ALIVE kept True" in out and "UNDER True" in out and "OFF True" in out
+    assert "IPython bug" not in out + done.stderr
