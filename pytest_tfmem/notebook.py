@@ -9,7 +9,8 @@
   cell's variables stay as the cell left them; the kernel is untouched.
 - ``%tfmem STATEMENT`` (``%tfmem 2GB STATEMENT``) does the same for one line, as ``%memit`` does.
 - ``%tfmem_guard 6GB`` stops a cell that takes the kernel past 6 GB where it has reached
-  (``guard``); ``%tfmem_guard off`` removes it.
+  (``guard``); ``%tfmem_guard off`` removes it. A kernel killed with a guarded cell running is
+  named by the next ``%load_ext pytest_tfmem`` in the same folder.
 
 Bad input (``%%tfmem 2 gigs``) is a one-line usage error that runs nothing.
 """
@@ -152,3 +153,5 @@ def load_ipython_extension(ipython: Any) -> None:
     TfmemMagics.tfmem.__doc__ = HELP
     TfmemMagics.tfmem_guard.__doc__ = GUARD_HELP
     ipython.register_magics(TfmemMagics)
+    for line in guard.dead_kernels():  # a kernel of this folder the OOM killer took with a guarded cell running
+        print(line)

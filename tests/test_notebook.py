@@ -1,5 +1,6 @@
-"""``%load_ext pytest_tfmem`` in IPython: the ``%%tfmem`` and ``%tfmem`` magics, run in a real
-IPython shell in a process of its own (IPython's shell is a process-wide singleton)."""
+"""``%load_ext pytest_tfmem`` in IPython: the ``%%tfmem`` and ``%tfmem`` magics, the guard, and the
+next kernel naming the one the OOM killer took, run in real IPython shells in processes of their
+own (IPython's shell is a process-wide singleton)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from cgroup_helpers import memory_cgroup, oom_kills
 
 pytest.importorskip("IPython")
 
@@ -89,3 +91,40 @@ def test_the_guard_stops_a_growing_cell_where_it_is_and_keeps_the_kernel_and_its
     assert "> guard 400MB (381.5 MiB) while this cell ran (it grew +" in message and "the cell was stopped here" in message
     assert "ALIVE kept True" in out and "UNDER True" in out and "OFF True" in out
     assert "IPython bug" not in out + done.stderr
+
+
+KILLED = r'''
+from IPython.testing.globalipapp import start_ipython
+
+shell = start_ipython()
+shell.run_line_magic("load_ext", "pytest_tfmem")
+shell.run_cell("import numpy as np")
+shell.run_cell("%tfmem_guard 300MB")
+print("GUARDED", flush=True)
+shell.run_cell("block = np.ones(2 * 2**30, dtype=np.uint8)  # one native call past the guard and the cgroup's limit")
+print("SURVIVED", flush=True)
+'''
+NEXT_KERNEL = r'''
+from IPython.testing.globalipapp import start_ipython
+
+start_ipython().run_line_magic("load_ext", "pytest_tfmem")
+'''
+
+
+@pytest.mark.linux
+def test_a_kernel_the_oom_killer_took_is_named_by_the_next_kernels_load_ext(tmp_path) -> None:
+    """One native call past the guard and a real memory cgroup's limit: the OOM killer takes the
+    kernel (the guard cannot stop a call that has not returned); the next kernel in the folder,
+    outside the cgroup, says what the dead one was running, once."""
+    with memory_cgroup(600 * 2**20) as cgroup:
+        enter = f'echo $$ > {cgroup / "cgroup.procs"} && exec "$@"'
+        died = subprocess.run(["sh", "-c", enter, "sh", sys.executable, "-c", KILLED], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert died.returncode == -9 or died.returncode == 137, died.stdout + died.stderr
+        assert "GUARDED" in died.stdout and "SURVIVED" not in died.stdout and oom_kills(cgroup) >= 1
+    said = [subprocess.run([sys.executable, "-c", NEXT_KERNEL], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, check=True).stdout for _ in range(2)]
+    assert said[0].startswith("tfmem: the last kernel here (pid "), said[0]
+    assert "died while running the cell `block = np.ones(2 * 2**30, dtype=np.uint8)" in said[0]
+    assert "killed for memory (the OOM killer)" in said[0]
+    assert said[1] == ""  # said once
