@@ -40,10 +40,18 @@ left behind: the process after the cell, its young garbage collected and freed h
 back, less before it (what its variables and caches keep)."""
 
 
+def refuse_options(first: str) -> None:
+    """The magics take no option: ``--budget=2GB`` or ``-q`` is named, not run as code."""
+    if first.startswith("-"):
+        raise ValueError(f"unknown option {first!r}: %tfmem takes a budget (2GB) and a statement, %%tfmem a budget")
+
+
 def split_budget(line: str) -> tuple[int | None, str]:
     """``'2GB x = f()'`` -> (budget, statement): a first word that is no number is the statement's.
-    Raises ``ValueError`` naming a first word that is a number but no size (``2`` in ``2 x = 1``)."""
+    Raises ``ValueError`` naming a first word that is a number but no size (``2`` in ``2 x = 1``),
+    or an option."""
     first, _, rest = line.strip().partition(" ")
+    refuse_options(first)
     if not first or not first[0].isdigit():
         return None, line.strip()
     return parse_size(first, what="budget"), rest.strip()
@@ -51,6 +59,7 @@ def split_budget(line: str) -> tuple[int | None, str]:
 
 def cell_budget(line: str) -> int | None:
     """``%%tfmem 2GB``: the line is the budget, or nothing (``ValueError`` names it whole)."""
+    refuse_options(line.strip())
     return parse_size(line.strip(), what="budget") if line.strip() else None
 
 

@@ -26,6 +26,8 @@ over = shell.run_cell("%%tfmem 20MB\nbig = np.ones(40 * 2**20, dtype=np.uint8)\n
 print("OVER", type(over.error_in_exec).__name__, isinstance(over.error_in_exec, Exception), "big" in shell.user_ns)
 bad = shell.run_cell("%%tfmem 2 gigs\nnever = 1\n")
 print("BAD", "never" in shell.user_ns, "kept" in shell.user_ns)
+option = shell.run_cell("%tfmem --budget=2GB never = 1")
+print("OPTION", "never" in shell.user_ns)
 help_text = shell.run_cell("%%tfmem?")
 '''
 
@@ -52,6 +54,7 @@ def test_the_magics_measure_a_cell_and_a_line_hold_a_budget_and_refuse_bad_input
     assert "IPython bug" not in out + done.stderr
     # bad input: a usage error that names it, and the cell does not run
     assert "UsageError: invalid budget '2 gigs'" in done.stderr and "BAD False True" in out
+    assert "UsageError: unknown option '--budget=2GB'" in done.stderr and "OPTION False" in out
     assert "the most memory the cell needed above where it started" in out  # the help says what each figure counts
 
 
