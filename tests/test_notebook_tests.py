@@ -51,6 +51,20 @@ def test_a_notebook_over_its_budget_fails_like_a_test_naming_the_kernel(pytester
 
 
 @pytest.mark.linux
+def test_a_cell_that_leaves_too_much_in_the_kernel_errors_at_its_teardown_like_a_test(pytester: pytest.Pytester):
+    """nbval's kernel lives on between cells: what a cell leaves in it is the cell's retained figure."""
+    pytest.importorskip("nbval")
+    notebook(pytester.path / "keep.ipynb", BIG_CELL, "x = 1")
+    result = pytester.runpytest_subprocess("-p", "nbval", "--nbval-lax", "--tfmem-max-retained=100MB", "keep.ipynb")
+    output = result.stdout.str()
+    assert "INTERNAL ERROR" not in output and "Traceback" not in output, output
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of keep.ipynb::Cell 0*",
+                                 "tfmem: retained 4??.? MiB > max_retained 100MB (95.4 MiB) after the teardown *"
+                                 "process pid * `python -m ipykernel_launcher *` still running: 4??.? MiB*"])
+
+
+@pytest.mark.linux
 def test_an_isolated_notebook_killed_at_its_limit_fails_like_a_test(pytester: pytest.Pytester):
     pytest.importorskip("nbmake")
     notebook(pytester.path / "big.ipynb", BIG_CELL)
