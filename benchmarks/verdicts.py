@@ -62,6 +62,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.tfmem(budget=BUDGETS[item.nodeid]))
 '''
 MODES = {"with the re-run": (), "without (--no-tfmem-confirm)": (WITHOUT,)}
+DEFAULT_SUITES = "keras-more,tf-keras,sklearn"
 
 
 def _installed(package: str) -> Path | None:
@@ -269,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commits", type=int, default=10, help="unchanged commits before the step (default 10)")
     parser.add_argument("--orders", type=int, default=5, help="random orders under the budgets (default 5)")
-    parser.add_argument("--suites", default="keras-more,tf-keras,sklearn", help="which suites (default all three)")
+    parser.add_argument("--suites", default=DEFAULT_SUITES, help="which suites (default all three)")
     parser.add_argument("--tf-keras", type=Path, help="a checkout of tf-keras (its own tests)")
     parser.add_argument("--output", type=Path, help="write the table between this script's markers in the page")
     parser.add_argument("--history-page", type=Path, help="write it into this page too")
@@ -307,9 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     text = "\n".join(lines)
     print(text)
+    # A run of other suites than the three (a check of one) has a section of its own.
+    section = "benchmarks/verdicts.py" if args.suites == DEFAULT_SUITES else f"benchmarks/verdicts.py {args.suites}"
     for page in (args.output, args.history_page):
         if page is not None:
-            machine.write_section(page, "benchmarks/verdicts.py", text, "Verdicts on suites tfmem was not written for")
+            machine.write_section(page, section, text, "Verdicts on suites tfmem was not written for")
     return 0
 
 
