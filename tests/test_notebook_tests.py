@@ -64,6 +64,27 @@ def test_a_cell_that_leaves_too_much_in_the_kernel_errors_at_its_teardown_like_a
                                  "process pid * `python -m ipykernel_launcher *` still running: 4??.? MiB*"])
 
 
+LEAKY_CELL = """import numpy as np
+import pytest_tfmem
+kept = []
+def step():
+    kept.append(np.ones(2 * 2**20, dtype=np.uint8))
+pytest_tfmem.assert_no_leak(step, iterations=8, max_growth="512KB")"""
+
+
+@pytest.mark.linux
+def test_a_leak_check_in_a_notebook_fails_it_with_the_leaks_message(pytester: pytest.Pytester):
+    """Inside the kernel a leak check's failure is an ordinary exception: nbmake shows the cell
+    and that one error, as for any cell that raises."""
+    pytest.importorskip("nbmake")
+    notebook(pytester.path / "leaky.ipynb", LEAKY_CELL)
+    result = pytester.runpytest_subprocess("-p", "nbmake", "--nbmake", "leaky.ipynb")
+    output = result.stdout.str()
+    assert "INTERNAL ERROR" not in output and "pluggy/_" not in output, output
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*LeakDetected*: tfmem: leak: +?.? MiB per iteration > max_growth 500.0 KiB*"])
+
+
 @pytest.mark.linux
 def test_an_isolated_notebook_killed_at_its_limit_fails_like_a_test(pytester: pytest.Pytester):
     pytest.importorskip("nbmake")

@@ -267,6 +267,7 @@ def failing_on_leak(check: Callable[P, LeakReport], doc: str) -> Callable[P, Lea
 
     @functools.wraps(check)
     def checked(*args: P.args, **kwargs: P.kwargs) -> LeakReport:
+        __tracebackhide__ = True  # pytest and IPython show the caller's line, not tfmem's frames
         report = check(*args, **kwargs)
         raise_if_leaked(report)
         return report
@@ -281,5 +282,6 @@ assert_no_leak = failing_on_leak(
 
 
 def raise_if_leaked(report: LeakReport) -> None:
+    __tracebackhide__ = True
     if report.leaked:
         raise failure(LeakDetected, f"tfmem: {report.describe()}")
