@@ -3,8 +3,9 @@ their outputs are written into it, as docs/notebooks.md shows them.
 
     python scripts/doc_notebook.py [NOTEBOOK]
 
-A cell that raises keeps its error as its output (the budget's ``BudgetExceeded``); the cells
-after it still run, so the notebook shows that the kernel and the variables live on.
+A cell that raises keeps its error as its output (the budget's ``BudgetExceeded``, the guard's
+``GuardTripped``); the cells after it still run, so the notebook shows that the kernel and the
+variables live on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ CELLS = (
     "%tfmem 100MB line = np.ones(10 * 2**20, dtype=np.uint8)",
     "%%tfmem 20MB\nbig = np.ones(40 * 2**20, dtype=np.uint8)",
     "print(f\"the kernel lives on: kept {kept.nbytes >> 20} MiB, big {big.nbytes >> 20} MiB\")",
+    "%tfmem_guard 500MB",
+    "import time\nbatches = []\nfor step in range(100):\n    batches.append(np.ones(20 * 2**20, dtype=np.uint8))\n"
+    "    time.sleep(0.01)",
+    "print(f\"stopped after {len(batches)} batches; kept {kept.nbytes >> 20} MiB is still here\")",
 )
 
 

@@ -110,8 +110,8 @@ def cell_text(cell) -> str:
 @pytest.mark.linux  # exact marks: a cell's peak is the kernel's high-water mark
 def test_the_docs_notebook_runs_in_a_real_kernel_as_the_docs_show_it() -> None:
     """docs/notebooks/magics.ipynb is written by scripts/doc_notebook.py: run again here with
-    nbclient in a fresh kernel, its cells print the figures the docs show; over budget, one error,
-    and the kernel and its variables live on."""
+    nbclient in a fresh ipykernel, its cells print the figures the docs show; over budget, one
+    error; past the guard, a growing loop stopped where it was; the kernel and its variables live on."""
     pytest.importorskip("nbclient")
     script = Path(__file__).resolve().parent.parent / "scripts" / "doc_notebook.py"
     spec = importlib.util.spec_from_file_location("doc_notebook", script)
@@ -124,6 +124,9 @@ def test_the_docs_notebook_runs_in_a_real_kernel_as_the_docs_show_it() -> None:
     assert "<= budget 100MB (95.4 MiB)" in ran[2]
     assert ran[3].startswith("BudgetExceeded: tfmem: peak 4") and "> budget 20MB (19.1 MiB)" in ran[3], ran[3]
     assert ran[4] == "the kernel lives on: kept 50 MiB, big 40 MiB\n"
+    assert ran[5].startswith("tfmem guard: a cell that takes the kernel past 500MB (476.8 MiB) is stopped there")
+    assert ran[6].startswith("GuardTripped: tfmem guard: the kernel reached 4") and "> guard 500MB" in ran[6], ran[6]
+    assert re.fullmatch(r"stopped after \d+ batches; kept 50 MiB is still here\n", ran[7]), ran[7]
     stored = nbformat.read(str(doc_notebook.NOTEBOOK), as_version=4)
     assert [cell.source for cell in stored.cells] == list(doc_notebook.CELLS)  # the docs show these cells
     shown = [cell_text(cell) for cell in stored.cells]
