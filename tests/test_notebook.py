@@ -4,6 +4,7 @@ own (IPython's shell is a process-wide singleton)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -131,3 +132,34 @@ def test_a_kernel_the_oom_killer_took_is_named_by_the_next_kernels_load_ext(tmp_
     assert "died while running the cell `block = np.ones(2 * 2**30, dtype=np.uint8)" in said[0]
     assert "killed for memory (the OOM killer)" in said[0]
     assert said[1] == ""  # said once
+
+
+GUARDED_FIT = r'''
+import psutil
+from IPython.testing.globalipapp import start_ipython
+
+shell = start_ipython()
+shell.run_line_magic("load_ext", "pytest_tfmem")
+shell.run_cell("""
+import numpy as np, keras
+held = []
+class Grow(keras.callbacks.Callback):  # what a fit that keeps each epoch's outputs does
+    def on_epoch_end(self, epoch, logs=None):
+        held.append(np.ones(30 * 2**20, dtype=np.uint8))
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+""")
+guard = psutil.Process().memory_info().rss + 300 * 2**20
+shell.run_cell(f"%tfmem_guard {guard}B")
+over = shell.run_cell("model.fit(np.zeros((64, 4)), np.zeros((64, 1)), epochs=200, verbose=0, callbacks=[Grow()])")
+print("FIT", type(over.error_in_exec).__name__, 5 <= len(shell.user_ns["held"]) < 200)
+'''
+
+
+@pytest.mark.slow  # Keras on TensorFlow in a fresh shell: about 15 s
+@pytest.mark.linux
+def test_the_guard_stops_a_keras_fit_that_grows_over_its_epochs(tmp_path) -> None:
+    done = subprocess.run([sys.executable, "-c", GUARDED_FIT], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FIT GuardTripped True" in done.stdout, done.stdout + done.stderr
