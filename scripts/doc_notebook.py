@@ -27,7 +27,7 @@ CELLS = (
     "%%tfmem 20MB\nbig = np.ones(40 * 2**20, dtype=np.uint8)",
     "print(f\"the kernel lives on: kept {kept.nbytes >> 20} MiB, big {big.nbytes >> 20} MiB\")",
     "%tfmem_guard 500MB",
-    "import time\nbatches = []\nfor step in range(100):\n    batches.append(np.ones(20 * 2**20, dtype=np.uint8))\n"
+    "import time\n\nbatches = []\nfor _ in range(100):\n    batches.append(np.ones(20 * 2**20, dtype=np.uint8))\n"
     "    time.sleep(0.01)",
     "print(f\"stopped after {len(batches)} batches; kept {kept.nbytes >> 20} MiB is still here\")",
 )
