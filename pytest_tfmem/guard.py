@@ -23,6 +23,7 @@ import ctypes
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -37,9 +38,12 @@ from pytest_tfmem.units import format_limit, format_size
 INTERVAL_S = 0.02  # how often the kernel's size is read while a cell runs
 JOURNAL_EVERY_S = 0.5
 KERNELS = Path(".tfmem") / "kernels"  # under the kernel's working folder: <pid>.json while a cell runs
+# Where a cell's code says it comes from: IPython's shell, ipykernel (its cells' files in the temporary
+# folder), and the %tfmem magics.
+CELL_FILES = ("<ipython-input", os.path.join(tempfile.gettempdir(), "ipykernel_"), "<tfmem")
 
 
-class GuardTripped(Exception):  # noqa: N818  # named for what happened, like the other failures
+class GuardTripped(Exception):  # named for what happened, like the other failures
     """The kernel grew past ``%tfmem_guard`` while a cell ran; the cell was stopped there."""
 
     message = ""
@@ -90,7 +94,7 @@ class Guard:
         frame = sys._current_frames().get(self.main_thread)
         line = None
         while frame is not None and line is None:  # the innermost frame of the cell's own code
-            if frame.f_code.co_filename.startswith(("<ipython-input", "/tmp/ipykernel", "<tfmem")):
+            if frame.f_code.co_filename.startswith(CELL_FILES):
                 line = frame.f_lineno
             frame = frame.f_back
         try:

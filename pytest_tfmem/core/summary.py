@@ -227,9 +227,8 @@ def children_lines(children: ChildrenReading | None) -> list[str]:
     count = len(children.processes)
     named = children.largest(SECTION_CHILDREN)
     named += [figure for figure in children.processes if figure.died and figure not in named]
-    started_or_used = children.counted().split(" ", 1)[1]  # "processes it started", "process it used"
     lines = [
-        f"{started_or_used}: {count}, together {format_size(children.combined)} ({combined_basis(children)})"
+        f"{children.named()}: {count}, together {format_size(children.combined)} ({combined_basis(children)})"
         + (f"; the {SECTION_CHILDREN} largest:" if count > len(named) else ":")
     ]
     return lines + [f"  {describe_child(figure)}" for figure in named]

@@ -59,13 +59,18 @@ def check_budget(measurement: Measurement, budget: int | None) -> Verdict | None
 WHAT_USED = "what used it: "  # the line under a budget failure (``what_used_line``)
 
 
+def mostly_processes(measurement: Measurement) -> bool:
+    """At least half the test's peak is the processes it started (or used)."""
+    return measurement.children_peak * 2 >= measurement.peak
+
+
 def what_used(measurement: Measurement) -> str:
     """The kind of memory that made most of a test's peak, in words: the processes it started,
     tensors in a framework's host allocator, or host memory outside the frameworks' allocators."""
     peak = measurement.peak
-    if measurement.children is not None and measurement.children_peak * 2 >= peak:
-        processes = measurement.children.counted().split(" ", 1)[1]  # processes it started (or used)
-        return f"mostly the {processes} ({format_size(measurement.children_peak)} of {format_size(peak)})"
+    if measurement.children is not None and mostly_processes(measurement):
+        return (f"mostly the {measurement.children.named()} ({format_size(measurement.children_peak)} of "
+                f"{format_size(peak)})")
     pooled = max((v for v in measurement.views if frameworks.is_host_view(v.view)), key=lambda v: v.increase,
                  default=None)
     if pooled is not None and pooled.increase * 2 >= peak:
@@ -78,7 +83,7 @@ def what_used_line(measurement: Measurement, largest_line: dict[str, object] | N
     """The line under a budget failure: the kind of memory, and the line of the test that needed
     the most where the re-run's line tracer knows it (``--tfmem-explain``), else how to find it."""
     kind = what_used(measurement)
-    if largest_line is None and measurement.children_peak * 2 >= measurement.peak:
+    if largest_line is None and mostly_processes(measurement):
         return (f"{WHAT_USED}{kind}; the code that used it ran there, where --tfmem-explain does not look: "
                 "`tfmem run SCRIPT` names a script's line, `%%tfmem` a notebook cell's (docs/notebooks.md)")
     if largest_line is None:

@@ -158,11 +158,14 @@ class Baseline:
         tests whose figure departed from it and could not be measured again (``core.confirm``):
         a one-time cost is no baseline.
         """
-        records = list(records)
-        fresh = {record.nodeid: BaselineEntry.from_record(record) for record in records if is_saved(record)}
+        fresh, kept = {}, {}
+        for record in records:  # read once: a session's records are streamed from the store's file
+            if is_saved(record):
+                fresh[record.nodeid] = BaselineEntry.from_record(record)
+            elif record.unconfirmed and record.nodeid in self.tests:
+                kept[record.nodeid] = self.tests[record.nodeid]
         tests = {} if prune else dict(self.tests)
-        tests.update({record.nodeid: self.tests[record.nodeid] for record in records
-                      if record.unconfirmed and record.nodeid in self.tests})
+        tests.update(kept)
         tests.update(fresh)
         return Baseline(
             tests=dict(sorted(tests.items())),

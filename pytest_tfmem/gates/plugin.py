@@ -292,9 +292,10 @@ class CiGates:
             self.outcome_lines.append((message, {"yellow": True}))
             return
         updated = self.save_into.merged(records, prune=self.prune)
-        records = list(records)
-        saved = sum(map(is_saved, records))
-        unconfirmed = sum(bool(record.unconfirmed) for record in records)
+        saved = unconfirmed = 0
+        for record in records:
+            saved += is_saved(record)
+            unconfirmed += bool(record.unconfirmed)
         kept = f", {unconfirmed} kept their entry (a departure left unconfirmed)" if unconfirmed else ""
         self._write(
             session,

@@ -95,12 +95,16 @@ class ChildrenReading:
     def largest(self, count: int) -> list[ChildFigure]:
         return sorted(self.processes, key=lambda figure: figure.peak, reverse=True)[:count]
 
-    def counted(self) -> str:
-        """``1 process it started``, ``2 processes it used`` (running before it), ``3 processes it
+    def named(self) -> str:
+        """``process it started``, ``processes it used`` (running before it), ``processes it
         started or used``."""
         count, before = len(self.processes), sum(figure.running_before for figure in self.processes)
         how = "it started" if not before else "it used" if before == count else "it started or used"
-        return f"{count} process{'es' if count > 1 else ''} {how}"
+        return f"process{'es' if count > 1 else ''} {how}"
+
+    def counted(self) -> str:
+        """``1 process it started``, ``2 processes it used``..."""
+        return f"{len(self.processes)} {self.named()}"
 
     def to_dict(self) -> dict[str, Any]:
         data = dict(vars(self))

@@ -293,7 +293,7 @@ class SessionBooks:
         if rerun is None:  # the first run's end
             now = self._read()
             span.call_kept = Booking.between(FIRST_USE, ONE_TIME_COST, f"paid in {item.nodeid}", span.call_start, now)
-            span.so_far = now.held - span.before.held - sum(booking.bytes for booking in span.bookings)
+            span.so_far = Retained(span.before, now, tuple(span.bookings)).bytes
             if span.so_far <= span.ceiling:
                 span.call_kept = None
                 return None
