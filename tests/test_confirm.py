@@ -143,7 +143,7 @@ def test_a_figure_far_above_its_history_level_is_measured_again_and_the_re_run_i
     assert runs(runs_dir, "test_pays_once") == 2
     result.stdout.fnmatch_lines([
         "re-run in the same process to confirm (6?.? MiB above its level in the memory history, 1.0 MiB): "
-        "it did not reproduce (first run 6?.? MiB, re-run *)*"
+        "it did not reproduce (first run 6?.? MiB (host RSS 6?.? MiB), re-run * (host RSS *))*"
     ])
     (last,) = history.read_history(path, last=1).entries
     ((_, peak, _),) = last.tests["test_one_time.py::test_pays_once"]

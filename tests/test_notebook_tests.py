@@ -64,6 +64,26 @@ def test_a_cell_that_leaves_too_much_in_the_kernel_errors_at_its_teardown_like_a
                                  "process pid * `python -m ipykernel_launcher *` still running: 4??.? MiB*"])
 
 
+SHORT_PROGRAM_CELL = """import subprocess, sys
+program = "import time; block = bytearray(60 * 2**20); [block.__setitem__(i, 1) for i in range(0, len(block), 4096)]; time.sleep(0.2)"
+subprocess.run([sys.executable, "-c", program], check=True)"""
+
+
+@pytest.mark.linux
+def test_a_cell_whose_program_is_over_its_budget_fails_on_the_first_run_and_says_cells_are_not_re_run(
+    pytester: pytest.Pytester,
+):
+    """The kernel's own child, a program of a fifth of a second: read through the kernel's tree.
+    A cell is not run twice (it would run in a kernel its first run changed): its verdict is the
+    first run's, and its section says so."""
+    pytest.importorskip("nbval")
+    notebook(pytester.path / "short.ipynb", SHORT_PROGRAM_CELL)
+    result = pytester.runpytest_subprocess("-p", "nbval", "--nbval-lax", "--tfmem-budget=50MB", "short.ipynb")
+    assert_failed_as_a_test(result, "tfmem: peak 7?.? MiB > budget 50MB (47.7 MiB) (host RSS *, 1 process it started 7?.? MiB, *")
+    result.stdout.fnmatch_lines(["the verdict is the first run's, not confirmed by a re-run: an IPyNbCell is not "
+                                 "re-run: only test functions and unittest.TestCase methods are *"])
+
+
 LEAKY_CELL = """import numpy as np
 import pytest_tfmem
 kept = []

@@ -415,6 +415,11 @@ def test_tfmem_platform_chooses_the_portable_platform_and_refuses_others():
     assert "ValueError: invalid TFMEM_PLATFORM value 'windows': expected one of auto, portable" in refused.stderr
 
 
+# test_big holds 300 MiB. Where peaks are sampled (the portable platform), a reading is the whole
+# process's RSS at that moment: with what pytest and tfmem's own threads hold meanwhile, and no heap
+# handed back before the window (no malloc_trim there), it read 300.0 to 301.1 MiB on two 2-core
+# machines. BIG_OVER_BUDGET allows 300 to 303 MiB.
+BIG_OVER_BUDGET = "*test_big*30[0-3].? MiB*over budget*"
 TESTS = """
 import numpy as np
 
@@ -453,7 +458,7 @@ def test_a_portable_session_says_how_each_figure_was_read(pytester: pytest.Pytes
     result.stdout.fnmatch_lines([
         "tfmem: platform portable: peaks sampled every millisecond through psutil (RSS)",
         "tfmem: not on portable: exact peaks (psutil reads sizes only, so every peak is sampled); isolation by fork *; OOM-kill counts *",
-        "*test_big*300.* MiB*over budget*",
+        BIG_OVER_BUDGET,
         "host RSS: sampled every millisecond: no mark this test could use",
     ])
     data = json.loads(report.read_text())
@@ -557,7 +562,7 @@ def test_on_windows_every_feature_works_or_says_why_not(pytester: pytest.Pyteste
     budget = pytester.runpytest_subprocess(*plugin, "--tfmem-budget=200MB", "--tfmem-isolate", "test_budget.py")
     budget.assert_outcomes(passed=1, failed=1)
     budget.stdout.fnmatch_lines(["tfmem: not on portable: *isolation by fork (tests are isolated in fresh interpreters)*",
-                                 "*isolated tests*", "*test_big*300.* MiB*over budget*"])
+                                 "*isolated tests*", BIG_OVER_BUDGET])
     creep = pytester.runpytest_subprocess(*plugin, "--tfmem-session-limit=150MB", "test_creep.py")
     creep.assert_outcomes(passed=3)
     creep.stdout.fnmatch_lines(["2 replacement process(es) started (fresh interpreters)*"])
@@ -575,5 +580,5 @@ def test_without_proc_a_session_measures_through_psutil(pytester: pytest.Pyteste
         monkeypatch.setenv(name, value)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=200MB")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*test_big*300.* MiB*over budget*"])
+    result.stdout.fnmatch_lines([BIG_OVER_BUDGET])
     assert "INTERNALERROR" not in result.stdout.str()

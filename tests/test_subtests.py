@@ -57,23 +57,31 @@ def _host_view(measurement: dict) -> dict:
     return next(view for view in measurement["views"] if view["view"] == "host")
 
 
-def assert_close(peak: int, size: int) -> None:
-    """A NumPy array of ``size`` bytes, seen by the kernel's high-water mark: within 3 MiB."""
-    assert size - MIB <= peak <= size + 3 * MIB, (peak, size)
+# An isolated test runs in a fresh fork, whose first window also pays that process's start: the
+# stacks and malloc arenas of tfmem's reading threads and the first allocations of NumPy and of
+# the subtests' bookkeeping there. A test's first subtest read +1.0 to +1.2 MiB above its array
+# on one 2-core machine, +3.1 to +3.3 MiB on another under load; in a warm process +0.0 to +0.6 MiB.
+FRESH_PROCESS_START = 5 * MIB
 
 
-def check_report(path) -> dict[str, dict]:
+def assert_close(peak: int, size: int, fresh_process: bool = False) -> None:
+    """A NumPy array of ``size`` bytes, seen by the kernel's high-water mark: within 3 MiB above
+    (``FRESH_PROCESS_START`` in an isolated test's process) and 1 MiB below (pages handed back)."""
+    assert size - MIB <= peak <= size + (FRESH_PROCESS_START if fresh_process else 3 * MIB), (peak, size)
+
+
+def check_report(path, fresh_process: bool = False) -> dict[str, dict]:
     """The JSON report's tests, by name, with the figures every subtest must have."""
     tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(path.read_text())["tests"]}
     method, function, marked = (subtest_peaks(tests[name]) for name in ("test_method", "test_function", "test_marked"))
     assert list(method) == ["(i=0)", "(i=1)", "(i=2)"]  # in the order they ran
     for i, peak in enumerate(method.values()):
-        assert_close(peak, (i + 1) * 10 * MIB)
+        assert_close(peak, (i + 1) * 10 * MIB, fresh_process)
     assert list(function) == ["[sized] (i=0)", "[sized] (i=1)"]
-    assert_close(function["[sized] (i=0)"], 20 * MIB)
-    assert_close(function["[sized] (i=1)"], 40 * MIB)
+    assert_close(function["[sized] (i=0)"], 20 * MIB, fresh_process)
+    assert_close(function["[sized] (i=1)"], 40 * MIB, fresh_process)
     assert [s["outcome"] for s in tests["test_function"]["subtests"]] == ["passed", "failed"]
-    assert_close(marked["(size='60MB')"], 60 * MIB)
+    assert_close(marked["(size='60MB')"], 60 * MIB, fresh_process)
     assert [s["outcome"] for s in tests["test_marked"]["subtests"]] == ["passed", "skipped"]
     # The budget is the test's: its window covers its subtests' (the highest host level it saw is
     # no lower than any subtest's; the increases are compared below, within a few pages).
@@ -152,7 +160,7 @@ def test_isolated_tests_bring_their_subtests_figures_back(pytester: pytest.Pytes
     )
     result.assert_outcomes(failed=3, passed=1)
     assert "not measured" not in result.stdout.str()
-    tests = check_report(report)
+    tests = check_report(report, fresh_process=True)
     assert all("isolated" in test["extra"] for test in tests.values())
     result.stdout.fnmatch_lines(["*  (i=2) *subtest passed, over budget"])  # the failure section, from the child
 
@@ -206,9 +214,11 @@ def test_each_subtest_says_what_it_left_for_the_rest_of_its_test(pytester: pytes
         for name in ("test_method", "test_function")
     }
     assert list(kept["test_method"]) == ["(i=0)", "(i=1)", "(i=2)"]
+    fresh_process = "--tfmem-isolate" in where
     for i, left in enumerate(kept["test_method"].values()):
-        assert_close(left, (i + 1) * 10 * MIB)  # like a peak, it counts what the test did before the subtest
-    assert_close(kept["test_function"]["[kept]"], 30 * MIB)
+        # like a peak, it counts what the test did before the subtest
+        assert_close(left, (i + 1) * 10 * MIB, fresh_process)
+    assert_close(kept["test_function"]["[kept]"], 30 * MIB, fresh_process)
     assert -31 * MIB <= kept["test_function"]["[freed]"] <= -29 * MIB
     for test in tests.values():
         for sub in test["subtests"]:

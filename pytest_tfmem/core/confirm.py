@@ -17,9 +17,11 @@ confirmed this way: a leak check repeats the body itself, and an exception is no
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.units import format_size
 
 if TYPE_CHECKING:  # the verdicts' module reads the session's books, which hold the one-time costs
@@ -31,17 +33,69 @@ FIGURE_CHECKS = frozenset({"budget", "baseline", "history", "gpu_budget"})
 
 
 @dataclass(frozen=True)
+class Comparable:
+    """A re-run's measurement made comparable with the first run's: each part the re-run read
+    less fully than the first (``taken``, in words) is the first run's."""
+
+    measurement: Measurement
+    taken: tuple[str, ...]
+
+
+def comparable_rerun(first: Measurement, again: Measurement) -> Comparable:
+    """The re-run's figures, with what it could not read as the first run did taken from the first run.
+
+    A re-run that misses what the first run saw (a process that ended before it was read, a view
+    that was not open, a peak it could only sample where the first run had a mark) reads low for
+    that reason alone: judged as it is, it would overturn a true verdict. A part the re-run read at
+    least as fully stays the re-run's, so a one-time cost the first run paid is still told apart.
+    """
+    taken: list[str] = []
+    children = again.children
+    seen = first.children.read_count if first.children is not None else 0
+    read = again.children.read_count if again.children is not None else 0
+    if seen > read:
+        children = first.children
+        processes = f"{seen} process{'es' if seen > 1 else ''}"
+        taken.append(f"the {processes} the first run read (the re-run read {read or 'none'} of them)")
+    views = list(again.views)
+    names = {view.view for view in again.views}
+    for view in first.views:
+        if view.view not in names:
+            views.append(view)
+            taken.append(f"the {view.view} view (not open in the re-run)")
+    host, first_host, method = again.view("host"), first.view("host"), again.method
+    if first.exact and not again.exact and host is not None and first_host is not None:
+        views[views.index(host)], method = first_host, first.method
+        taken.append("the host peak (the first run's is a mark, the re-run's only sampled)")
+    mixed, interval = again.mixed, again.mixed_interval_s
+    if first.sampled and again.mixed is None:
+        mixed, interval = first.mixed, first.mixed_interval_s
+        taken.append("host and TensorFlow memory held at once (sampled in the first run only)")
+    if not taken:
+        return Comparable(again, ())
+    measurement = dataclasses.replace(again, views=tuple(views), children=children, mixed=mixed,
+                                      mixed_interval_s=interval, method=method)
+    return Comparable(measurement, tuple(taken))
+
+
+@dataclass(frozen=True)
 class Confirmation:
     """The re-run that confirmed or overturned a test's first verdict.
 
     ``asked_by`` names what asked for it (the checks the first run failed, or what its figure
-    departed from); ``reproduced`` says whether the re-run failed (or departed) too.
+    departed from); ``reproduced`` says whether the re-run failed (or departed) too. ``first_parts``
+    and ``rerun_parts`` say what each run read (host, TensorFlow's allocator, the processes it
+    started), so that a reader sees like compared with like; ``taken`` names the parts the re-run
+    could not read as the first run did, whose first-run figures were used (``comparable_rerun``).
     """
 
     first_peak: int
     rerun_peak: int
     asked_by: tuple[str, ...]
     reproduced: bool
+    first_parts: str = ""
+    rerun_parts: str = ""
+    taken: tuple[str, ...] = ()
 
     @property
     def one_time_bytes(self) -> int:
@@ -52,19 +106,27 @@ class Confirmation:
     def reproduced_line(self) -> str:
         """Under a failure that stands: ``tfmem: reproduced by a re-run in the same process: first
         run 80.0 MiB, re-run 79.9 MiB``."""
-        return (f"{REPRODUCED}: first run {format_size(self.first_peak)}, "
-                f"re-run {format_size(self.rerun_peak)}")
+        taken = " with the first run's figures for what it could not read" if self.taken else ""
+        return f"{REPRODUCED}: first run {format_size(self.first_peak)}, re-run {format_size(self.rerun_peak)}{taken}"
+
+    def runs(self) -> str:
+        """``first run 53.3 MiB (host RSS 4.0 KiB, 1 process it started 53.3 MiB), re-run ...``."""
+        first = f" ({self.first_parts})" if self.first_parts else ""
+        again = f" ({self.rerun_parts})" if self.rerun_parts else ""
+        return f"first run {format_size(self.first_peak)}{first}, re-run {format_size(self.rerun_peak)}{again}"
 
     def note(self) -> str:
         """The line of the test's section."""
-        runs = f"first run {format_size(self.first_peak)}, re-run {format_size(self.rerun_peak)}"
         asked = ", ".join(self.asked_by)
+        taken = ""
+        if self.taken:
+            taken = f"; the re-run could not read {'; '.join(self.taken)}: those parts are the first run's"
         if self.reproduced:
-            return f"re-run in the same process to confirm ({asked}): it reproduced ({runs})"
+            return f"re-run in the same process to confirm ({asked}): it reproduced ({self.runs()}){taken}"
         return (
-            f"re-run in the same process to confirm ({asked}): it did not reproduce ({runs}); the verdict "
-            f"is the re-run's, and {format_size(self.one_time_bytes, signed=True)} is booked as a one-time "
-            "cost of the process paid in this test"
+            f"re-run in the same process to confirm ({asked}): it did not reproduce ({self.runs()}){taken}; "
+            f"the verdict is the re-run's, and {format_size(self.one_time_bytes, signed=True)} is booked as a "
+            "one-time cost of the process paid in this test"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,12 +136,16 @@ class Confirmation:
             "asked_by": list(self.asked_by),
             "reproduced": self.reproduced,
             "one_time_bytes": self.one_time_bytes,
+            "first_parts": self.first_parts,
+            "rerun_parts": self.rerun_parts,
+            "taken_from_first_run": list(self.taken),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Confirmation:
         return cls(int(data["first_peak"]), int(data["rerun_peak"]), tuple(data.get("asked_by", ())),
-                   bool(data["reproduced"]))
+                   bool(data["reproduced"]), str(data.get("first_parts", "")), str(data.get("rerun_parts", "")),
+                   tuple(data.get("taken_from_first_run", ())))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import pytest
 
 from pytest_tfmem import frameworks, hookspecs, platforms
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
-from pytest_tfmem.core.confirm import FIGURE_CHECKS, REPRODUCED, Confirmation, confirmable
+from pytest_tfmem.core.confirm import FIGURE_CHECKS, REPRODUCED, Confirmation, comparable_rerun, confirmable
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers
@@ -44,7 +44,7 @@ from pytest_tfmem.core.retained import RERUN, RERUN_BOOKING, Booking, Boundary, 
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
-from pytest_tfmem.core.verdict import WHAT_USED, Verdict, check_budget, what_used_line
+from pytest_tfmem.core.verdict import WHAT_USED, Verdict, check_budget, describe_views, what_used_line
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for, session_configured
 from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.frameworks.native_log import HeldLog
@@ -636,22 +636,28 @@ class TfmemManager:
         fails too (or departs too), with both figures."""
         first = record.measurement
         assert first is not None
-        rerun_record = TestRecord(item.nodeid, again, budget=record.budget, subtests=record.subtests)
+        # What the re-run could not read as the first run did is the first run's (core.confirm).
+        comparable = comparable_rerun(first, again)
+        judged = comparable.measurement
+        rerun_record = TestRecord(item.nodeid, judged, budget=record.budget, subtests=record.subtests)
         if departures:
             asked_by = departures
             reproduced = any(self.config.hook.pytest_tfmem_departure(item=item, record=rerun_record))
         else:
             asked_by = tuple(verdict.check for verdict in record.failed_verdicts)
-            verdicts = [check_budget(again, record.budget)]
+            verdicts = [check_budget(judged, record.budget)]
             verdicts += self.config.hook.pytest_tfmem_check(item=item, record=rerun_record, error=None)
             rerun_verdicts = {v.check: v for v in verdicts if v is not None and v.check in FIGURE_CHECKS}
-            reproduced = any(not verdict.ok for verdict in rerun_verdicts.values())
+            # reproduced: the re-run fails a check the first run failed, not merely some check
+            reproduced = any(not rerun_verdicts[check].ok for check in asked_by if check in rerun_verdicts)
             if not reproduced:
                 record.verdicts = [rerun_verdicts.get(verdict.check, verdict) for verdict in record.verdicts]
                 record.extra.update(rerun_record.extra)
-        record.confirmation = Confirmation(first.peak, again.peak, asked_by, reproduced)
+        record.confirmation = Confirmation(first.peak, judged.peak, asked_by, reproduced,
+                                           describe_views(first, name_largest=False),
+                                           describe_views(again, name_largest=False), comparable.taken)
         if not reproduced:  # the test's own need, warm; a verdict that stands keeps the figures it was given on
-            record.measurement = dataclasses.replace(again, first_imports=first.first_imports)
+            record.measurement = dataclasses.replace(judged, first_imports=first.first_imports)
         record.notes.append(record.confirmation.note())
 
     def _rerun(self, item: pytest.Item, rerun: Rerun) -> None:

@@ -88,7 +88,10 @@ def rerun_refusal(item: pytest.Item, allowed: bool) -> str | None:
     if not allowed:
         return f"re-runs are off for this test (tfmem({RERUN_KEYWORD}=False))"
     if not isinstance(item, pytest.Function):
-        return f"a {type(item).__name__} cannot be re-run (test functions and unittest.TestCase methods can)"
+        kind = type(item).__name__
+        article = "an" if kind[:1].upper() in "AEIOU" else "a"
+        return (f"{article} {kind} is not re-run: only test functions and unittest.TestCase methods are (a "
+                "notebook's cell or a file's items would run again in a state the first run changed)")
     if inspect.iscoroutinefunction(item.obj) or inspect.iscoroutinefunction(getattr(item.cls, item.name, None)):
         return "an async test cannot be re-run"
     return None

@@ -32,17 +32,16 @@ def view_label(view: str) -> str:
     return frameworks.view_label(view) or view
 
 
-def describe_views(measurement: Measurement) -> str:
+def describe_views(measurement: Measurement, name_largest: bool = True) -> str:
     """``host RSS 598.0 MiB, TF CPU:0 allocator 540.0 MiB``: where the memory went; the processes
-    the test started, with the largest named: ``processes it started 400.0 MiB, the largest pid
-    4242 `python train.py```."""
+    the test started, with the largest named (``name_largest``): ``processes it started 400.0 MiB,
+    the largest pid 4242 `python train.py```."""
     views = [f"{view_label(view.view)} {format_size(view.increase)}" for view in measurement.views]
     if measurement.children is not None:
-        largest = measurement.children.largest(1)[0]
-        views.append(
-            f"{measurement.children.counted()} {format_size(measurement.children_peak)}, "
-            f"the largest pid {largest.pid} `{largest.command}` {format_size(largest.peak)}"
-        )
+        views.append(f"{measurement.children.counted()} {format_size(measurement.children_peak)}")
+        if name_largest:
+            largest = measurement.children.largest(1)[0]
+            views[-1] += f", the largest pid {largest.pid} `{largest.command}` {format_size(largest.peak)}"
     return ", ".join(views)
 
 

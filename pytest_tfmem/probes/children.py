@@ -23,10 +23,16 @@ A window that starts no process costs one question at each end (Linux: a ``waiti
 watch's thread asks the same every ``LOOK_S`` while windows open and close, and reads the
 descendants every ``INTERVAL_S`` once there are any; it is not woken for each window (a wake-up
 for each of thousands of short tests was a large share of their cost on two cores), and it
-sleeps once no window has been open for ``IDLE_AFTER_S``. A process that starts after one look and
-ends before the next is still read where it is reaped through ``os.waitpid`` (its ``ru_maxrss``),
-and one still running when the window ends is read then; one reaped elsewhere (a shell's child)
-that lived less than ``LOOK_S`` is missed.
+sleeps once no window has been open for ``IDLE_AFTER_S``. While this process waits for a child in
+``os.waitpid`` (``subprocess.run``, a pool's ``join``), the wait itself reads the tree every
+``WAIT_READ_S`` (then ``INTERVAL_S``) until the child ends, so a program that lives a few tens of
+milliseconds is read near its peak, and what it starts in turn is found. A process that starts
+after one look and ends before the next without such a wait (its output read to the end first,
+as ``subprocess.run(capture_output=True)`` does) is still counted where it is reaped through
+``os.waitpid``, exactly where its ``ru_maxrss`` tells its own peak apart; otherwise it is named as
+ended unread (``ChildFigure.read``), and a re-run that could not read a process the first run read
+does not overturn a verdict on it (``core.confirm``). One reaped elsewhere (a shell's child) that
+lived less than ``LOOK_S`` is missed.
 Processes already running when a window opens (a kernel nbval started for a notebook's first
 cell, a pool a wider fixture started) count by what they grew while it was open: their size as
 it opened, and their largest size read while it was open (every ``INTERVAL_S``; an exact mark
@@ -51,6 +57,11 @@ from pytest_tfmem.probes import host, system
 from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, killed_by_oom_killer, signal_cause
 
 INTERVAL_S = 0.005  # how often descendants are read while a window has any
+# While this process waits for one of them (``os.waitpid``): how often they are read in the
+# first ``WAIT_READ_FOR_S`` of the wait (a short-lived program is read near its peak), then
+# every ``INTERVAL_S``.
+WAIT_READ_S = 0.001
+WAIT_READ_FOR_S = 0.1
 LOOK_S = 0.05  # how often the thread looks for a first one while windows have none
 IDLE_AFTER_S = 1.0  # the thread sleeps once no window has been open for this long
 # How often the list of descendants is refreshed when no process was started anywhere.
@@ -58,6 +69,7 @@ _REFRESH_S = 0.25
 # What a process running before a window opened must grow by to count (an idle process's pages
 # come and go by a few hundred KiB).
 GREW_AT_LEAST = 2**20
+UNREAD = "(ended before its first reading)"  # the command of a process reaped, never read
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,11 @@ class ChildFigure:
     oom_killed: bool = False
     # Running before the window opened: ``peak`` is what it grew by while the window was open.
     running_before: bool = False
+
+    @property
+    def read(self) -> bool:
+        """Its peak is known: read while it ran, or told exactly as it was reaped."""
+        return self.exact or self.command != UNREAD
 
     @property
     def died(self) -> bool:
@@ -101,6 +118,11 @@ class ChildrenReading:
         count, before = len(self.processes), sum(figure.running_before for figure in self.processes)
         how = "it started" if not before else "it used" if before == count else "it started or used"
         return f"process{'es' if count > 1 else ''} {how}"
+
+    @property
+    def read_count(self) -> int:
+        """How many of its processes have a known peak (``ChildFigure.read``)."""
+        return sum(figure.read for figure in self.processes)
 
     def counted(self) -> str:
         """``1 process it started``, ``2 processes it used``..."""
@@ -160,6 +182,7 @@ class ChildWatch:
         # tfmem's own processes among the descendants (isolation templates): nobody's children
         self.helpers: set[int] = set()
         self._span: tuple[float, set[int]] | None = None  # a span left out: its start, the pids it reaped
+        self._read_for_wait = float("-inf")  # when a wait for a process last read the tree
 
     # -- windows
 
@@ -315,7 +338,7 @@ class ChildWatch:
                 oom_killed = killed_by_oom_killer(ending.signal, count)
             else:
                 ended = ending.description
-        command = "(ended before its first reading)"
+        command = UNREAD
         if mark is not None:
             command = f"fork of {mark.command}" if mark.fork_copy else mark.command
         return ChildFigure(
@@ -341,14 +364,41 @@ class ChildWatch:
         self._waitpid = None
 
     def _waitpid_through_wait4(self, pid: int, options: int) -> tuple[int, int]:
-        """``os.waitpid``, done by the platform's wait (``wait4``) to learn the reaped process's mark."""
+        """``os.waitpid``, done by the platform's wait (``wait4``) to learn the reaped process's mark.
+
+        A blocking wait for a process that still runs (``subprocess.run`` waits while its
+        program works) reads the tree until the process ends, every ``WAIT_READ_S`` at first,
+        then every ``INTERVAL_S``, so that a process living a few tens of milliseconds is read
+        at its peak rather than found only as it is reaped. A wait that does not block reads the
+        tree before it (at most every ``WAIT_READ_S``)."""
         if os.getpid() != self._tree.pid:  # a fork of this process (a pool's worker): plain waitpid
             reaped_pid, status, _ = self.platform.wait_with_peak(pid, options)
             return reaped_pid, status
-        if pid > 0 and options & os.WNOHANG == 0:
-            with self._lock:  # one last reading of the process before it is reaped: it may be a zombie already
-                if self._windows and pid in self._tree.processes:
-                    self._tick()
+        if options & os.WNOHANG:
+            self._read_before_reaping(pid)
+            return self._reap(pid, options)
+        began = time.monotonic()
+        while True:
+            self._read_before_reaping(pid)
+            reaped_pid, status = self._reap(pid, options | os.WNOHANG)
+            if reaped_pid != 0:
+                return reaped_pid, status
+            if not self._windows:  # the last window closed meanwhile: nothing to read for
+                return self._reap(pid, options)
+            time.sleep(WAIT_READ_S if time.monotonic() - began < WAIT_READ_FOR_S else INTERVAL_S)
+
+    def _read_before_reaping(self, pid: int) -> None:
+        """Read the tree while a window is open, ``pid`` in it (a process started since the last
+        listing is listed first); not again within ``WAIT_READ_S`` of the last such reading."""
+        with self._lock:
+            if not self._windows or time.monotonic() - self._read_for_wait < WAIT_READ_S:
+                return
+            if pid > 0 and pid not in self._tree.descendants:
+                self._refresh()
+            self._tick()
+            self._read_for_wait = time.monotonic()
+
+    def _reap(self, pid: int, options: int) -> tuple[int, int]:
         reaped_pid, status, max_rss = self.platform.wait_with_peak(pid, options)
         if reaped_pid > 0:
             with self._lock:
