@@ -23,8 +23,7 @@ from pathlib import Path
 from benchmarks import machine
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.steps import creep, steps
-from pytest_tfmem.gates.tolerance import DEFAULT_MIN_STEP, parse_tolerance
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import DEFAULT_MIN_STEP, format_size, parse_tolerance
 
 MIB = 2**20
 MIN_STEP = parse_tolerance(DEFAULT_MIN_STEP)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, parse_tolerance
+from pytest_tfmem.units import DEFAULT_TOLERANCE, parse_tolerance
 
 MB = 10**6
 MiB = 2**20

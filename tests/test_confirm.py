@@ -20,8 +20,8 @@ from pytest_tfmem.core.retained import Level, ProcessAccount, Retained
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.environment import current_environment
 from pytest_tfmem.gates.steps import Point, steps
-from pytest_tfmem.gates.tolerance import parse_tolerance
 from pytest_tfmem.session.summary import process_line
+from pytest_tfmem.units import parse_tolerance
 
 MIB = 2**20
 

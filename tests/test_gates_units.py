@@ -28,8 +28,8 @@ from pytest_tfmem.gates.compare import (
     baseline_verdict,
     compare,
 )
-from pytest_tfmem.gates.tolerance import Tolerance, parse_tolerance
 from pytest_tfmem.leaks.check import leak_check
+from pytest_tfmem.units import Tolerance, parse_tolerance
 
 MIB = 2**20
 

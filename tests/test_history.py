@@ -17,7 +17,7 @@ import pytest
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.history_page import sparkline
 from pytest_tfmem.gates.steps import Point, creep, creep_since_last_step, steps
-from pytest_tfmem.gates.tolerance import parse_tolerance
+from pytest_tfmem.units import parse_tolerance
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 if str(REPOSITORY) not in sys.path:  # scripts/ sits beside the package, it is not installed

@@ -15,7 +15,7 @@ from pytest_tfmem.cli.main import main
 from pytest_tfmem.gates import history
 from pytest_tfmem.gates.history_plugin import MIN_STEP
 from pytest_tfmem.gates.steps import creep, gate, steps
-from pytest_tfmem.gates.tolerance import parse_tolerance
+from pytest_tfmem.units import parse_tolerance
 
 pytestmark = pytest.mark.any_os  # no TensorFlow, any system (.github/workflows/tests.yml)
 

@@ -31,14 +31,15 @@ from typing import TYPE_CHECKING, Any
 from pytest_tfmem import __version__
 from pytest_tfmem.core.settings import parse_positive_int
 from pytest_tfmem.files import IMAGE, FileFormatError, Output, overwrite_refusal, prepare_output
-from pytest_tfmem.gates.tolerance import (
+from pytest_tfmem.units import (
     DEFAULT_MIN_STEP,
     DEFAULT_TOLERANCE,
+    SIZE_FORMS,
     TOLERANCE_FORMS,
     Tolerance,
+    parse_size,
     parse_tolerance,
 )
-from pytest_tfmem.units import SIZE_FORMS, parse_size
 
 if TYPE_CHECKING:
     from pytest_tfmem.gates.compare import Comparison

@@ -17,8 +17,7 @@ from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.core.record import TestRecord
 from pytest_tfmem.core.verdict import Verdict
 from pytest_tfmem.gates.baseline import BaselineEntry, compared_quantities
-from pytest_tfmem.gates.tolerance import Tolerance, parse_tolerance
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import Tolerance, format_size, parse_tolerance
 
 SECTION = "baseline"  # key of the comparison in ``TestRecord.extra``
 RETAINED = "retained"  # the quantity of what a test left behind

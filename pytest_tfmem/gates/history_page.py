@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pytest_tfmem.files import Output, starts_with
 from pytest_tfmem.gates.history import Series, series_label
 from pytest_tfmem.gates.steps import Creep, Step, short
-from pytest_tfmem.gates.tolerance import Tolerance
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import Tolerance, format_size
 
 WIDTH, HEIGHT, MARGIN = 720, 170, 34
 MIN_SPAN = 0.2

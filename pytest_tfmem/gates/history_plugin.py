@@ -33,8 +33,7 @@ from pytest_tfmem.gates.history import (
 )
 from pytest_tfmem.gates.history_page import sparkline
 from pytest_tfmem.gates.steps import NOISE_FACTOR, Point, creep, gate, noise, short, steps, threshold
-from pytest_tfmem.gates.tolerance import DEFAULT_MIN_STEP, TOLERANCE_FORMS, Tolerance, parse_tolerance
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import DEFAULT_MIN_STEP, TOLERANCE_FORMS, Tolerance, format_size, parse_tolerance
 
 HISTORY = settings.Option(
     "history",

@@ -49,8 +49,7 @@ from pytest_tfmem.gates.reports import (
     session_markdown,
     write_report,
 )
-from pytest_tfmem.gates.tolerance import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, parse_tolerance
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import DEFAULT_TOLERANCE, TOLERANCE_FORMS, Tolerance, format_size, parse_tolerance
 
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 

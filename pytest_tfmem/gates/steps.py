@@ -27,8 +27,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pytest_tfmem.gates.tolerance import Tolerance
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import Tolerance, format_size
 
 # A change smaller than this many times the noise (the spread of repeated samples) is noise.
 NOISE_FACTOR = 4.0
