@@ -73,7 +73,7 @@ def test_json_report_follows_the_documented_schema(serial):
     assert report["baseline"] == {"path": str(serial.folder / "base.json"), "tolerance": "10%"}
     assert report["environment"]["python"] and "platform" in report["environment"]
     assert report["summary"] == {
-        "tests": 4, "passed": 2, "failed": 2, "over_budget": 1,
+        "tests": 4, "passed": 2, "failed": 2, "skipped": 0, "over_budget": 1,
         "regressions": 1, "improvements": 0, "not_in_baseline": 1,
     }  # fmt: skip
     assert [t["nodeid"] for t in report["tests"]] == sorted(NODEIDS)
@@ -183,3 +183,25 @@ def test_report_is_written_atomically_and_nothing_is_written_without_options(pyt
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.startswith(".report")) == []
     run(pytester).assert_outcomes(passed=1)
     assert not [p for p in pytester.path.iterdir() if p.suffix in (".md",) or "baseline" in p.name]
+
+
+def test_measured_tests_are_counted_without_those_skipped(pytester: pytest.Pytester) -> None:
+    """A test that skips in its body is measured (its call ran) and in the books, but no count of
+    "measured tests" includes it: the report's ``summary`` and the account's line say it apart."""
+    pytester.makepyfile(test_counts="""
+        import numpy as np
+        import pytest
+
+        KEPT = []
+
+        def test_keeps():
+            KEPT.append(np.ones(60 * 2**20, dtype=np.uint8))
+
+        def test_skips_in_its_body():
+            pytest.skip("not on this machine")
+    """)
+    result = pytester.runpytest("-p", "no:randomly", "--tfmem-budget=1GB", "--tfmem-report=report.json")
+    result.assert_outcomes(passed=1, skipped=1)
+    summary = load(pytester.path / "report.json")["summary"]
+    assert (summary["tests"], summary["skipped"], summary["passed"]) == (1, 1, 1)
+    result.stdout.fnmatch_lines(["process * over 1 measured test (and 1 skipped): *"])

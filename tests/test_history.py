@@ -70,10 +70,34 @@ def test_a_slow_ramp_is_creep_not_steps():
     ramp = [200 * MIB * 1.035**i for i in range(15)]
     assert steps(points(ramp), MIN_STEP) == []
     found = creep(points(ramp))
-    assert found is not None and (found.best_commit, found.latest_commit, found.commits) == ("c000", "c014", 14)
+    # levels of three commits each: the first three's middle reading against the last three's
+    assert found is not None and (found.best_commit, found.latest_commit, found.commits) == ("c001", "c013", 12)
     assert found.describe() == (
-        "+61.9% over 14 commits (200.0 MiB at c000 -> 323.7 MiB at c014), no single rise above 3.5% (at c002)"
+        "+51.1% over 12 commits (207.0 MiB at c001 -> 312.8 MiB at c013), no single rise above 3.5% (at c002)"
     )
+
+
+def test_one_reading_neither_sets_a_level_nor_makes_a_step():
+    """The series a ResNet test read over seven unchanged commits, then a cold 89.0 MiB (its re-run
+    66.6): the best level is 56.2 MiB, not the one 49.4 MiB reading, and the re-run passes 25%."""
+    resnet = [57.2, 56.2, 56.2, 56.2, 56.2, 49.4]
+    found = creep(points([value * MIB for value in [*resnet, 89.0]]), reading_now=True)
+    assert found is not None and found.best == int(56.2 * MIB) and found.best_readings == 3
+    rerun = creep(points([value * MIB for value in [*resnet, 66.6]]), reading_now=True)
+    assert rerun is not None and not rerun.notable(parse_tolerance("25%"))
+    # one low (or high) reading among a level is no step, in either direction
+    for odd in (30.0, 90.0):
+        assert steps(points([value * MIB for value in [56.0] * 5 + [odd] + [56.0] * 5]), MIN_STEP) == []
+    # nor is a test's lone first reading, cold, that every later one leaves: 69.5 MiB, then 14-19
+    cold_first = [69.5, 15.2, 18.9, 14.1, 16.0, 17.3, 14.8, 15.5]
+    assert steps(points([value * MIB for value in cold_first]), MIN_STEP) == []
+    # where the old level rests on two readings or more, a falling figure is a step, named at its commit
+    improved = [69.5, 70.1, 69.8, 15.2, 18.9, 14.1, 16.0]
+    assert [step.commit for step in steps(points([value * MIB for value in improved]), MIN_STEP)] == ["c003"]
+    # two readings make a level only where both read it: the higher of the two
+    two = creep(points([60 * MIB, 40 * MIB, 70 * MIB]), reading_now=True)
+    assert two is not None and two.best == 60 * MIB and two.best_readings == 2
+    assert creep(points([40 * MIB, 70 * MIB]), reading_now=True) is None  # one reading: no level to hold it to
 
 
 def test_the_noise_of_a_commit_measured_twice_sets_the_threshold():
@@ -165,16 +189,22 @@ def test_tfmem_history_names_the_step_its_range_and_the_creep_and_nothing_else(r
     before, after = repository.commits[STEP_AT - 1][:7], repository.commits[STEP_AT + 1][:7]
     found = re.match(rf"    step \+(\d+\.\d) MiB \(\+(\d+\.\d)%\) at {before}\.\.{after}: (\S+) MiB -> (\S+) MiB$", step)
     assert found, step
-    assert float(found[1]) == pytest.approx(40, abs=0.5)  # 39.9 MiB where the levels read 40.0 and 79.9
-    assert float(found[3]) == pytest.approx(40, abs=0.5) and float(found[4]) == pytest.approx(80, abs=0.5)
+    # Each figure is a 40 or 80 MiB NumPy array under the kernel's mark: it read up to 1 MiB off on
+    # two 2-core machines (pages handed back before the window, the interpreter's own allocations),
+    # so the step between two of them, 39.9 here and 40.9 on another machine, is within 1.5 MiB.
+    assert float(found[1]) == pytest.approx(40, abs=1.5)
+    assert float(found[3]) == pytest.approx(40, abs=1) and float(found[4]) == pytest.approx(80, abs=1)
     assert float(found[2]) == pytest.approx(100, abs=2)
     assert re.search(rf"      not measured between them; to find the commit: git bisect start {after} {before} && "
                      r"git bisect run pytest -q -p no:cacheprovider test_suite.py::test_step --tfmem-budget=(59|60)\.\dMiB",
                      out), out
     ramp = out.split("test_suite.py::test_ramp\n", 1)[1].splitlines()[0]
-    found = re.match(r"    since its best: \+(\d+\.\d)% over 10 commits \((\S+) MiB at ", ramp)
+    # levels of three commits: the middle reading of commits 0-2 (commit 1) against that of the last
+    # three (commit 10), eight measured commits apart (the step's commit was not measured)
+    found = re.match(r"    since its best: \+(\d+\.\d)% over 8 commits \((\S+) MiB at ", ramp)
     assert found, ramp
-    assert float(found[1]) == pytest.approx(100 * (1.04**11 - 1), abs=2) and float(found[2]) == pytest.approx(30, abs=0.5)
+    assert float(found[1]) == pytest.approx(100 * (1.04**9 - 1), abs=2)
+    assert float(found[2]) == pytest.approx(30 * 1.04, abs=0.5)
     assert "no single rise above" in ramp
     assert "test_blip" not in out and "test_flat" not in out  # a blip, and noise, are no steps
     assert "  2 test(s) without a step or creep beyond 5%+10MB" in out
@@ -220,10 +250,12 @@ def test_the_gate_fails_a_test_crept_past_its_best_level_and_counts_a_step_that_
     line = next(line for line in done.stdout.splitlines() if line.startswith("FAILED test_suite.py::test_ramp"))
     assert "tfmem: peak 4" in line
     block = done.stdout.split("_ test_ramp _", 1)[1]
-    best = repository.commits[0][:7]
-    assert re.search(rf"vs its best level in the memory history, (29|30)\.\d MiB at {best} 11 commit\(s\) ago "
-                     r"\(\+5\d\.\d%, > 20%, and at least 11\.\d MiB, the history's floor, 5%\+10MB\): "
-                     r"it rose most at \w{7} \(\+\d\.\d%\)", block), block
+    best = repository.commits[1][:7]  # the middle reading of the first three commits'
+    # each commit added 4%, about 1.6 MiB: none of them more than the floor, so none is named
+    assert re.search(rf"vs its best level in the memory history, (30|31|32)\.\d MiB \(the middle reading of 3 "
+                     rf"commits, at {best} 10 commit\(s\) ago\) \(\+4\d\.\d%, > 20%, and at least 11\.\d MiB, "
+                     r"the history's floor, 5%\+10MB\): no single commit added more than the noise \(11\.\d MiB\)",
+                     block), block
     # 80 MiB against 40 MiB before its step, but the step held for commits: 80 MiB is its level now
     assert "FAILED test_suite.py::test_step" not in done.stdout
     assert "FAILED test_suite.py::test_flat" not in done.stdout  # within 20% of its best
@@ -328,26 +360,25 @@ def test_the_gate_reads_only_the_last_lines_of_a_long_history(tmp_path: Path, bl
 
 def test_one_commit_that_read_low_is_no_best_level_to_creep_from():
     flat = [9.0, 8.5, 2.0, 9.0, 8.8, 9.2, 8.7, 9.1]  # MiB: a small test, one order read low
-    found = creep(points([value * MIB for value in flat]), min_step=MIN_STEP)
+    found = creep(points([value * MIB for value in flat]))
     assert found is not None and found.best == int(8.5 * MIB) and not found.notable(MIN_STEP)
-    assert creep(points([value * MIB for value in flat])).best == 2 * MIB  # without the blip rule
 
 
 def test_the_creep_sentence_never_names_a_rise_larger_than_the_whole_change():
-    found = creep(points([20 * MIB, 30 * MIB, 24 * MIB]))
+    found = creep(points([20 * MIB, 20 * MIB, 30 * MIB, 24 * MIB, 24 * MIB]))
     assert found is not None and found.describe() == (
-        "+20.0% over 2 commits (20.0 MiB at c000 -> 24.0 MiB at c002), the largest rise +50.0% (at c001), "
+        "+20.0% over 3 commits (20.0 MiB at c001 -> 24.0 MiB at c004), the largest rise +50.0% (at c002), "
         "partly undone since"
     )
 
 
 def test_the_creep_sentence_over_one_commit_or_mostly_one_rise_reads_plainly():
     """Not ``+42911.1% over 1 commits ..., no single rise above 42911.1%``."""
-    once = creep(points([0.25 * MIB, 45.4 * MIB]))
-    assert once is not None and once.describe() == "+18060.0% over 1 commit (256.0 KiB at c000 -> 45.4 MiB at c001)"
-    mostly = creep(points([40 * MIB, 40.2 * MIB, 60 * MIB, 60.3 * MIB]))
+    once = creep(points([0.25 * MIB, 0.25 * MIB, 45.4 * MIB, 45.4 * MIB]))
+    assert once is not None and once.describe() == "+18060.0% over 1 commit (256.0 KiB at c001 -> 45.4 MiB at c002)"
+    mostly = creep(points([40 * MIB, 40.2 * MIB, 40.1 * MIB, 60 * MIB, 60.3 * MIB, 60.2 * MIB]))
     assert mostly is not None and mostly.describe() == (
-        "+50.7% over 3 commits (40.0 MiB at c000 -> 60.3 MiB at c003), most of it at c002 (+49.3%)"
+        "+50.1% over 3 commits (40.1 MiB at c002 -> 60.2 MiB at c005), most of it at c003 (+49.6%)"
     )
 
 
@@ -355,5 +386,7 @@ def test_a_level_that_held_is_where_a_gate_counts_from():
     gate = parse_tolerance("25%")
     at_the_step = creep_since_last_step(points([40 * MIB] * 10 + [60 * MIB]), MIN_STEP)
     assert at_the_step is not None and at_the_step.best == 40 * MIB and at_the_step.notable(gate)
-    held = creep_since_last_step(points([40 * MIB] * 10 + [60 * MIB] * 2), MIN_STEP)
+    # the step is held by the reading now: one reading at the new level is no level to hold it to yet
+    assert creep_since_last_step(points([40 * MIB] * 10 + [60 * MIB] * 2), MIN_STEP) is None
+    held = creep_since_last_step(points([40 * MIB] * 10 + [60 * MIB] * 3), MIN_STEP)
     assert held is not None and held.best == 60 * MIB and not held.notable(gate)

@@ -258,7 +258,7 @@ def test_over_unchanged_code_shuffled_at_every_commit_nothing_moves_and_the_sugg
     for nodeid, (one,) in found.items():
         flat = one.points[:FLAT_COMMITS]
         assert steps(flat, MIN_STEP) == [], nodeid
-        crept = creep(flat, min_step=MIN_STEP)
+        crept = creep(flat)
         assert crept is not None and not crept.notable(MIN_STEP), (nodeid, crept.describe())
         for commit in range(2, FLAT_COMMITS + 1):
             assert not gated(flat[:commit], gate), (nodeid, commit)

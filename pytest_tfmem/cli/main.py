@@ -421,7 +421,7 @@ def run_history(args: argparse.Namespace) -> int:
             continue
         for one in per_environment:
             points = one.points[-args.window :] if args.window else one.points
-            drawn = history_page.Drawn(one, tuple(steps(points, args.min_step)), creep(points, min_step=args.min_step))
+            drawn = history_page.Drawn(one, tuple(steps(points, args.min_step)), creep(points))
             groups.setdefault(series_key(one.environment), []).append(drawn)
     if not groups:
         print(f"no {args.quantity} figures in {', '.join(args.histories)}" + (f" for {args.test}" if args.test else ""))

@@ -22,12 +22,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_tfmem.core.measure import Measurement
-from pytest_tfmem.units import format_size
+from pytest_tfmem.units import DEFAULT_MIN_STEP, format_size, parse_tolerance
 
 if TYPE_CHECKING:  # the verdicts' module reads the session's books, which hold the one-time costs
     from pytest_tfmem.core.verdict import Verdict
 
 REPRODUCED = "tfmem: reproduced by a re-run in the same process"
+# Two runs' figures differ where the re-run reads lower by more than the smallest change a memory
+# history calls a step: part of the first run's figure was then paid once by the process.
+RUNS_DIFFER = parse_tolerance(DEFAULT_MIN_STEP)
+
+
+def runs_differ(first: int, again: int) -> bool:
+    """The re-run read ``again`` lower than the first run's ``first`` by more than ``RUNS_DIFFER``."""
+    return first - again > RUNS_DIFFER.allowance(first)
 # The checks on a test's figures: a re-run gives them a second figure to judge.
 FIGURE_CHECKS = frozenset({"budget", "baseline", "history", "gpu_budget"})
 
@@ -83,7 +91,11 @@ class Confirmation:
     """The re-run that confirmed or overturned a test's first verdict.
 
     ``asked_by`` names what asked for it (the checks the first run failed, or what its figure
-    departed from); ``reproduced`` says whether the re-run failed (or departed) too. ``first_parts``
+    departed from); ``reproduced`` says whether the verdict stands: the re-run failed the same
+    check (or departed, within ``RUNS_DIFFER`` of the first run). ``rerun_kept``: the test's figures
+    are the re-run's, so what the first run read beyond them was paid once (the re-run passed, or
+    read lower than the first run by more than ``RUNS_DIFFER``: no reading that paid one-time costs
+    is kept for a level or a baseline). ``first_parts``
     and ``rerun_parts`` say what each run read (host, TensorFlow's allocator, the processes it
     started), so that a reader sees like compared with like; ``taken`` names the parts the re-run
     could not read as the first run did, whose first-run figures were used (``comparable_rerun``).
@@ -96,18 +108,23 @@ class Confirmation:
     first_parts: str = ""
     rerun_parts: str = ""
     taken: tuple[str, ...] = ()
+    rerun_kept: bool = False
 
     @property
     def one_time_bytes(self) -> int:
-        """What the first run took beyond the re-run, where the re-run overturned it: paid once by
-        the process, not the test's own need."""
-        return 0 if self.reproduced else max(0, self.first_peak - self.rerun_peak)
+        """What the first run took beyond the re-run, where the test's figures are the re-run's:
+        paid once by the process, not the test's own need."""
+        return max(0, self.first_peak - self.rerun_peak) if self.rerun_kept else 0
 
     def reproduced_line(self) -> str:
         """Under a failure that stands: ``tfmem: reproduced by a re-run in the same process: first
         run 80.0 MiB, re-run 79.9 MiB``."""
         taken = " with the first run's figures for what it could not read" if self.taken else ""
-        return f"{REPRODUCED}: first run {format_size(self.first_peak)}, re-run {format_size(self.rerun_peak)}{taken}"
+        runs = f"first run {format_size(self.first_peak)}, re-run {format_size(self.rerun_peak)}{taken}"
+        if self.rerun_kept:
+            return (f"{REPRODUCED}, {format_size(self.one_time_bytes)} lower: {runs}; the verdict rests on the "
+                    "re-run's figures, and the rest was paid once by the process")
+        return f"{REPRODUCED}: {runs}"
 
     def runs(self) -> str:
         """``first run 53.3 MiB (host RSS 4.0 KiB, 1 process it started 53.3 MiB), re-run ...``."""
@@ -117,10 +134,17 @@ class Confirmation:
 
     def note(self) -> str:
         """The line of the test's section."""
-        asked = ", ".join(self.asked_by)
+        asked = "; ".join(self.asked_by)
         taken = ""
         if self.taken:
             taken = f"; the re-run could not read {'; '.join(self.taken)}: those parts are the first run's"
+        if self.reproduced and self.rerun_kept:
+            return (
+                f"re-run in the same process to confirm ({asked}): it reproduced, {format_size(self.one_time_bytes)} "
+                f"lower ({self.runs()}){taken}; the figures are the re-run's, and "
+                f"{format_size(self.one_time_bytes, signed=True)} is booked as a one-time cost of the process paid in "
+                "this test"
+            )
         if self.reproduced:
             return f"re-run in the same process to confirm ({asked}): it reproduced ({self.runs()}){taken}"
         return (
@@ -139,13 +163,15 @@ class Confirmation:
             "first_parts": self.first_parts,
             "rerun_parts": self.rerun_parts,
             "taken_from_first_run": list(self.taken),
+            "rerun_kept": self.rerun_kept,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Confirmation:
         return cls(int(data["first_peak"]), int(data["rerun_peak"]), tuple(data.get("asked_by", ())),
                    bool(data["reproduced"]), str(data.get("first_parts", "")), str(data.get("rerun_parts", "")),
-                   tuple(data.get("taken_from_first_run", ())))
+                   tuple(data.get("taken_from_first_run", ())),
+                   bool(data.get("rerun_kept", not data["reproduced"])))
 
 
 @dataclass(frozen=True)

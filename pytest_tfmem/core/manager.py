@@ -22,7 +22,14 @@ import pytest
 
 from pytest_tfmem import frameworks, hookspecs, platforms
 from pytest_tfmem.core import attempts, features, processes, pytest_internals, settings
-from pytest_tfmem.core.confirm import FIGURE_CHECKS, REPRODUCED, Confirmation, comparable_rerun, confirmable
+from pytest_tfmem.core.confirm import (
+    FIGURE_CHECKS,
+    REPRODUCED,
+    Confirmation,
+    comparable_rerun,
+    confirmable,
+    runs_differ,
+)
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
 from pytest_tfmem.core.first_imports import LeaveOutFirstImports, remove_inherited_ledgers
@@ -640,9 +647,12 @@ class TfmemManager:
         comparable = comparable_rerun(first, again)
         judged = comparable.measurement
         rerun_record = TestRecord(item.nodeid, judged, budget=record.budget, subtests=record.subtests)
+        # the re-run read lower by more than a step: the first run paid one-time costs beyond it
+        lower = runs_differ(first.peak, judged.peak)
         if departures:
             asked_by = departures
-            reproduced = any(self.config.hook.pytest_tfmem_departure(item=item, record=rerun_record))
+            departs_again = any(self.config.hook.pytest_tfmem_departure(item=item, record=rerun_record))
+            reproduced = departs_again and not lower
         else:
             asked_by = tuple(verdict.check for verdict in record.failed_verdicts)
             verdicts = [check_budget(judged, record.budget)]
@@ -650,13 +660,14 @@ class TfmemManager:
             rerun_verdicts = {v.check: v for v in verdicts if v is not None and v.check in FIGURE_CHECKS}
             # reproduced: the re-run fails a check the first run failed, not merely some check
             reproduced = any(not rerun_verdicts[check].ok for check in asked_by if check in rerun_verdicts)
-            if not reproduced:
+            if not reproduced or lower:
                 record.verdicts = [rerun_verdicts.get(verdict.check, verdict) for verdict in record.verdicts]
                 record.extra.update(rerun_record.extra)
+        rerun_kept = not reproduced or lower
         record.confirmation = Confirmation(first.peak, judged.peak, asked_by, reproduced,
                                            describe_views(first, name_largest=False),
-                                           describe_views(again, name_largest=False), comparable.taken)
-        if not reproduced:  # the test's own need, warm; a verdict that stands keeps the figures it was given on
+                                           describe_views(again, name_largest=False), comparable.taken, rerun_kept)
+        if rerun_kept:  # the test's own need, warm; a verdict that stands on its first run keeps those figures
             record.measurement = dataclasses.replace(judged, first_imports=first.first_imports)
         record.notes.append(record.confirmation.note())
 

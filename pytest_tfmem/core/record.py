@@ -252,7 +252,7 @@ class RetainedFigures:
 
     def add(self, record: TestRecord) -> None:
         if record.retained is not None:
-            self.books.add(record.nodeid, record.retained)
+            self.books.add(record.nodeid, record.retained, skipped=record.outcome == "skipped")
         if record.confirmation is not None:
             worker = record.retained.worker if record.retained is not None else None
             self.books.one_time.add(OneTimeCost(record.nodeid, worker, record.confirmation))

@@ -270,7 +270,8 @@ class ProcessAccount:
 
     def __init__(self, worker: str | None) -> None:
         self.worker = worker
-        self.tests = 0  # how many measured tests were added
+        self.tests = 0  # how many measured tests were added, those skipped left out
+        self.skipped = 0  # measured tests that were skipped (``pytest.skip`` in the body): in the books, not counted
         self.tests_bytes = 0
         self._first: tuple[int, Level] | None = None  # (seq, the level before the first test)
         self._last: tuple[int, Level] | None = None  # (seq, the level after the last test)
@@ -284,8 +285,11 @@ class ProcessAccount:
         self.named_bytes = 0  # what the holders named account for of it
         self._heaviest: list[Retainer] = []  # the heaviest tests, at least the ``HEAVIEST_KEPT`` heaviest
 
-    def add(self, nodeid: str, retained: Retained) -> None:
-        self.tests += 1
+    def add(self, nodeid: str, retained: Retained, skipped: bool = False) -> None:
+        if skipped:
+            self.skipped += 1
+        else:
+            self.tests += 1
         self.tests_bytes += retained.bytes
         if self._first is None or retained.seq < self._first[0]:
             self._first = (retained.seq, retained.before)
@@ -385,6 +389,7 @@ class ProcessAccount:
         return {
             "worker": self.worker,
             "tests": self.tests,
+            "skipped": self.skipped,
             "start_bytes": self.start.total,
             "end_bytes": self.end.total,
             "growth_bytes": self.growth,
@@ -412,11 +417,11 @@ class SessionAccount:
         self._by_worker: dict[str | None, ProcessAccount] = {}
         self.one_time = OneTimeCosts()  # what re-runs told apart from the tests' own need (``core.confirm``)
 
-    def add(self, nodeid: str, retained: Retained) -> None:
+    def add(self, nodeid: str, retained: Retained, skipped: bool = False) -> None:
         process = self._by_worker.get(retained.worker)
         if process is None:
             process = self._by_worker[retained.worker] = ProcessAccount(retained.worker)
-        process.add(nodeid, retained)
+        process.add(nodeid, retained, skipped)
 
     @property
     def processes(self) -> list[ProcessAccount]:

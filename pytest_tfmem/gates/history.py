@@ -55,7 +55,8 @@ FORMAT = "pytest-tfmem-history"
 VERSION = 1
 # What makes two sessions' figures comparable: the rest of the environment (the CPU model, the
 # core count) is kept in each line but does not start another series.
-SERIES_KEYS = ("python", "platform", "memory", "peaks", "tensorflow", "keras", "tf_keras", "numpy", "gpus")
+SERIES_KEYS = ("python", "platform", "memory", "peaks", "tensorflow", "keras", "tf_keras", "numpy", "jax", "jaxlib",
+               "torch", "gpus")
 
 
 class HistoryError(FileFormatError):
@@ -119,15 +120,19 @@ def current_commit(directory: Path) -> Commit:
 
 
 def series_key(environment: dict[str, Any]) -> str:
-    """Two sessions' figures are one series where these are equal."""
-    return json.dumps({key: environment.get(key) for key in SERIES_KEYS}, sort_keys=True)
+    """Two sessions' figures are one series where these are equal. A framework that is not
+    installed is left out, so that a line written before the environment named it (JAX and
+    PyTorch were named later) is of the same series as one written since without it."""
+    return json.dumps({key: environment.get(key) for key in SERIES_KEYS if environment.get(key) not in (None, [])},
+                      sort_keys=True)
 
 
 def series_label(environment: dict[str, Any]) -> str:
     """``Python 3.11, Linux x86_64 (RSS), tensorflow 2.21.0``: a series for people."""
     platform = f"{environment.get('platform')} ({environment.get('memory', 'RSS')})"
     parts = [f"Python {environment.get('python')}", platform]
-    parts += [f"{key} {environment[key]}" for key in ("tensorflow", "keras", "tf_keras") if environment.get(key)]
+    parts += [f"{key} {environment[key]}" for key in ("tensorflow", "keras", "tf_keras", "jax", "torch")
+              if environment.get(key)]
     gpus = environment.get("gpus")
     if gpus:
         parts.append(", ".join(gpus))

@@ -8,7 +8,6 @@ Markdown's sparklines, read the history once, for this session's environment onl
 from __future__ import annotations
 
 import collections
-import statistics
 from collections.abc import Iterable
 
 import pytest
@@ -32,7 +31,7 @@ from pytest_tfmem.gates.history import (
     session_entry,
 )
 from pytest_tfmem.gates.history_page import sparkline
-from pytest_tfmem.gates.steps import NOISE_FACTOR, Point, creep, gate, noise, short, steps, threshold
+from pytest_tfmem.gates.steps import NOISE_FACTOR, Point, creep, gate, level, noise, short, steps, threshold
 from pytest_tfmem.units import DEFAULT_MIN_STEP, TOLERANCE_FORMS, Tolerance, format_size, parse_tolerance
 
 HISTORY = settings.Option(
@@ -63,7 +62,7 @@ MIN_STEP = parse_tolerance(DEFAULT_MIN_STEP)
 SPARK_POINTS = 20
 # Lines read back per commit of the window: a commit measured by several shards, or again, has more.
 LINES_PER_COMMIT = 4
-# A test's recent level, which a figure must not leave unconfirmed: the median of its last commits.
+# A test's recent level, which a figure must not leave unconfirmed: the level of its last commits.
 LEVEL_POINTS = 3
 
 
@@ -148,28 +147,36 @@ class MemoryHistory:
             limit += f", and at least {format_size(int(allowance))}, {why}"
         message = (
             f"peak {format_size(record.measurement.peak)} vs its best level in the memory history, "
-            f"{format_size(int(found.best))} at {short(found.best_commit)} {found.commits} commit(s) ago "
-            f"({found.share or 0:+.1%}, {'>' if found.change > allowance else '<='} {limit})"
+            f"{found.describe_best()} ({found.share or 0:+.1%}, {'>' if found.change > allowance else '<='} {limit})"
         )
-        if found.rises:
-            rises = ", ".join(f"{short(commit)} (+{share:.1%})" for commit, _, share in found.rises[:3])
-            message += f": it rose most at {rises}"
+        # a rise inside the noise names no commit: the gate's floor is what a commit must add to count
+        noise_floor = found.allowance(MIN_STEP)
+        beyond = [f"{short(commit)} (+{share:.1%})" for commit, size, share in found.rises if size > noise_floor]
+        if beyond:
+            message += f": it rose most at {', '.join(beyond[:3])}"
+        elif found.rises:
+            message += f": no single commit added more than the noise ({format_size(int(noise_floor))})"
         return Verdict(CHECK, found.change <= allowance, message)
 
     @pytest.hookimpl
     def pytest_tfmem_departure(self, item: pytest.Item, record: TestRecord) -> str | None:
-        """A peak above the test's recent level in the history (the median of its last
-        ``LEVEL_POINTS`` commits) by more than a step (the series' noise, the floor) is measured
-        again before it is recorded: a one-time cost of the process is no step or creep."""
-        past = self.past().get(record.nodeid) if self.active else None
-        if past is None or not past.points or record.measurement is None:
+        """A peak that would enter the test's levels unconfirmed is measured again before it is
+        recorded, so that no level rests on a reading that paid one-time costs of the process: one
+        above the test's recent level (``steps.level`` of its last ``LEVEL_POINTS`` commits) by more
+        than a step (the series' noise, the floor), and a first record above the floor (a test new
+        to the history, which has no level yet)."""
+        if not self.active or record.measurement is None or self.commit is None:
             return None
-        recent = past.points[-LEVEL_POINTS:]
-        level = statistics.median(point.value for point in recent)
-        if record.measurement.peak - level <= threshold(level, noise(past.points), MIN_STEP):
+        past = self.past().get(record.nodeid)
+        peak = record.measurement.peak
+        if past is None or not past.points:
+            if peak <= MIN_STEP.allowance(0):
+                return None
+            return f"{format_size(peak)}, its first figure in the memory history"
+        recent = level(past.points[-LEVEL_POINTS:]).value
+        if peak - recent <= threshold(recent, noise(past.points), MIN_STEP):
             return None
-        peak = format_size(record.measurement.peak)
-        return f"{peak} above its level in the memory history, {format_size(int(level))}"
+        return f"{format_size(peak)} above its level in the memory history, {format_size(int(recent))}"
 
     def record(self, session: pytest.Session, records: Iterable[TestRecord], *, finished: bool) -> None:
         """Append this session's line: every test measured to its end (``measured_to_the_end``:
@@ -227,7 +234,7 @@ class MemoryHistory:
             if points is None:
                 continue
             assert record.measurement is not None
-            found = creep(points, min_step=MIN_STEP)
+            found = creep(points)
             moved = found is not None and found.notable(MIN_STEP)
             if not moved and not steps(points[-3:], MIN_STEP):
                 continue

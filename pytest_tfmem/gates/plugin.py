@@ -198,15 +198,22 @@ class CiGates:
     @pytest.hookimpl
     def pytest_tfmem_departure(self, item: pytest.Item, record: TestRecord) -> str | None:
         """A peak above the test's baseline entry (the one compared with, or the one a save merges
-        into) by more than the history's floor is measured again before it is compared or saved:
-        a one-time cost of the process is no baseline."""
+        into) by more than the history's floor is measured again before it is compared or saved,
+        and so is a first entry a save would make above the floor: a one-time cost of the process
+        is no baseline."""
+        if record.measurement is None or self.unlike is not None:
+            return None
+        peak = record.measurement.peak
         recorded = self.baseline if self.baseline is not None else self.save_into
-        entry = recorded.tests.get(record.nodeid) if recorded is not None and self.unlike is None else None
-        if entry is None or record.measurement is None:
+        entry = recorded.tests.get(record.nodeid) if recorded is not None else None
+        if entry is None:
+            new = self.save_into is not None and record.nodeid not in self.save_into.tests
+            if not new or peak <= history_plugin.MIN_STEP.allowance(0):
+                return None
+            return f"{format_size(peak)}, its first entry in the baseline"
+        if peak - entry.peak <= history_plugin.MIN_STEP.allowance(entry.peak):
             return None
-        if record.measurement.peak - entry.peak <= history_plugin.MIN_STEP.allowance(entry.peak):
-            return None
-        return f"{format_size(record.measurement.peak)} above its baseline entry, {format_size(entry.peak)}"
+        return f"{format_size(peak)} above its baseline entry, {format_size(entry.peak)}"
 
     @pytest.hookimpl
     def pytest_tfmem_retained_ceiling(self, item: pytest.Item) -> int | None:

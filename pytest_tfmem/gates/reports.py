@@ -10,7 +10,7 @@ The JSON report is a contract; its schema (documented in the README) is::
       "exitstatus": 1,
       "environment": {"python": "3.11", "tensorflow": "2.21.0", ...},
       "baseline": {"path": "tfmem-baseline.json", "tolerance": "10%+16MB"} or null,
-      "summary": {"tests": 3, "passed": 2, "failed": 1, "over_budget": 0,
+      "summary": {"tests": 3, "passed": 2, "failed": 1, "skipped": 0, "over_budget": 0,
                   "regressions": 1, "improvements": 0, "not_in_baseline": 1},
       "tests": [<TestRecord.to_dict()>, ...],   # sorted by node id
       "session": <SessionAccount.to_dict()> or null   # what the tests left behind (docs/ci.md)
@@ -92,13 +92,16 @@ class SummaryCounts:
 
     def __init__(self) -> None:
         self.counts = dict.fromkeys(
-            ("tests", "passed", "failed", "over_budget", "regressions", "improvements", "not_in_baseline"), 0
+            ("tests", "passed", "failed", "skipped", "over_budget", "regressions", "improvements", "not_in_baseline"),
+            0,
         )
 
     def add(self, record: TestRecord) -> None:
+        """``tests`` counts the measured tests that were not skipped, as every "measured tests" does."""
         status = baseline_status(record)
         for key, counted in (
-            ("tests", True),
+            ("tests", record.outcome != "skipped"),
+            ("skipped", record.outcome == "skipped"),
             ("passed", record.outcome == "passed"),
             ("failed", record.outcome == "failed"),
             ("over_budget", any(v.check == "budget" for v in record.failed_verdicts)),

@@ -5,15 +5,19 @@ of another Python, framework, platform or device are another series). A commit m
 once has several samples; its point is their median, and their spread is the environment's
 measured noise.
 
+- A **level** is what the test reads over several commits, never one reading: the upper median of
+  ``LEVEL_READINGS`` consecutive points (of two, the higher), so one low or high reading neither
+  sets it nor moves it. A test's **best level** is its lowest such level.
 - A **step** is a change of level between two consecutive points that is larger than the noise
-  (``threshold``) and holds: the next point stays at the new level. A point that leaves the level
-  and comes back at the next one is a **blip**, not a step. The step is named by its first commit;
-  where commits between it and the point before were not measured (the point's parent is not the
-  commit before it), by the range, for ``git bisect``.
-- **Creep** is the latest level against the best (lowest) level of the window, whatever the steps:
-  ten commits that each add 4% are no step, and the figure still needs 48% more. One commit that
-  read lower than both its neighbours (a blip, an order the test ran in) is no best level to
-  measure the rest against, and creep counts only where it exceeds the noise too.
+  (``threshold``) and holds: the next point stays at the new level, and the old level rests on at
+  least two readings. A point that leaves the level and comes back at the next one is a **blip**,
+  not a step; a lone first reading that the next ones leave is no level either (a cold first
+  record). The step is named by its first commit; where commits between it and the point before
+  were not measured (the point's parent is not the commit before it), by the range, for ``git bisect``.
+- **Creep** is the latest level against the best level of the window, whatever the steps: ten
+  commits that each add 4% are no step, and the figure still needs 48% more. Creep counts only
+  where it exceeds the noise too. The gate holds the reading now (confirmed by a re-run where it
+  fails) to the best level before it.
 
 asv's ``step_detect`` fits a piecewise-constant function with a penalty; here the series are short
 and the noise is measured, so a step is a jump between neighbours that the next point confirms and
@@ -40,6 +44,8 @@ TREND_POINTS = 3  # the changes on each side of a jump that give its trend
 UNDONE_SHARE = 1.1
 # The median absolute deviation, scaled to estimate a normal distribution's standard deviation.
 _MAD_SCALE = 1.4826
+# The consecutive readings a level rests on (fewer only where a series has fewer, never one).
+LEVEL_READINGS = 3
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,48 @@ class Point:
         return _MAD_SCALE * statistics.median(abs(sample - middle) for sample in self.samples) or (
             (max(self.samples) - min(self.samples)) / 2
         )
+
+
+@dataclass(frozen=True)
+class Level:
+    """What a test reads over consecutive points: the upper median of their values (bytes), which
+    is one of them, ``index`` in the series (its commit names the level)."""
+
+    value: float
+    commit: str
+    index: int
+    readings: int  # how many points it rests on
+
+
+def level(points: Sequence[Point], offset: int = 0) -> Level:
+    """The level of ``points`` (at least one), which start at ``offset`` in their series."""
+    ordered = sorted(range(len(points)), key=lambda i: points[i].value)
+    chosen = ordered[len(points) // 2]
+    return Level(points[chosen].value, points[chosen].commit, offset + chosen, len(points))
+
+
+def _one_reading(points: Sequence[Point]) -> bool:
+    """One reading is no level: a single commit measured once (several samples of one commit are
+    several readings)."""
+    return len(points) < 2 and sum(len(point.samples) for point in points) < 2
+
+
+def best_level(points: Sequence[Point]) -> Level | None:
+    """The lowest level of ``LEVEL_READINGS`` consecutive points (all of them, where fewer);
+    ``None`` for one reading."""
+    if _one_reading(points):
+        return None
+    size = min(LEVEL_READINGS, len(points))
+    levels = [level(points[start:start + size], start) for start in range(len(points) - size + 1)]
+    return min(levels, key=lambda found: (found.value, -found.index))
+
+
+def latest_level(points: Sequence[Point]) -> Level | None:
+    """The level of the last ``LEVEL_READINGS`` points; ``None`` for one reading."""
+    if _one_reading(points):
+        return None
+    size = min(LEVEL_READINGS, len(points))
+    return level(points[-size:], len(points) - size)
 
 
 @dataclass(frozen=True)
@@ -116,18 +164,26 @@ class Step:
 
 @dataclass(frozen=True)
 class Creep:
-    """The latest level against the best (lowest) level of the window; ``noise`` is the series'
-    measured noise (``noise``), which a change must exceed to count."""
+    """The latest level (for the gate: the reading now) against the best level of the window
+    (``best_level``); ``noise`` is the series' measured noise (``noise``), which a change must
+    exceed to count."""
 
     best: float
     best_commit: str
     latest: float
     latest_commit: str
-    commits: int  # measured commits from the best level's first to the latest
+    commits: int  # measured commits from the best level's reading to the latest
     # the rises between consecutive points since the best level: (commit, bytes, share of the
     # point before), largest share first
     rises: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
     noise: float = 0.0
+    best_readings: int = 1  # the points the best level rests on
+
+    def describe_best(self) -> str:
+        """``56.2 MiB (the middle reading of 3 commits, at 458210a 2 commit(s) ago)``."""
+        which = {1: "the median of its readings", 2: "the higher reading of 2 commits"}.get(
+            self.best_readings, f"the middle reading of {self.best_readings} commits")
+        return f"{format_size(int(self.best))} ({which}, at {short(self.best_commit)} {self.commits} commit(s) ago)"
 
     @property
     def change(self) -> float:
@@ -195,18 +251,21 @@ def threshold(level: float, spread: float, min_step: Tolerance) -> float:
 
 
 def steps(points: Sequence[Point], min_step: Tolerance) -> list[Step]:
-    """The level changes that hold for at least two points (see the module docstring)."""
+    """The level changes that hold for at least two points, from a level of at least two (see the
+    module docstring)."""
     if len(points) < 3:
         return []
     spread = noise(points)
     found: list[Step] = []
     previous = 0  # the last point that was not a blip
+    held = [0]  # the points of the current level (blips left out)
     index = 1
     while index < len(points):
-        value, before = points[index].value, points[previous].value
+        value, before = points[index].value, level([points[i] for i in held[-LEVEL_READINGS:]]).value
         limit = threshold(before, spread, min_step)
         if abs(value - before) <= limit:
             previous = index
+            held.append(index)
             index += 1
             continue
         following = points[index + 1].value if index + 1 < len(points) else None
@@ -219,11 +278,15 @@ def steps(points: Sequence[Point], min_step: Tolerance) -> list[Step]:
             abs(value - before) < STEP_OVER_SLOPE * _trend(points, previous, index)
         ):
             previous = index  # no new level: the figure keeps moving (a ramp), not a step
+            held.append(index)
             index += 1
             continue
-        since = points[previous].commit if points[index].parent not in (None, points[previous].commit) else None
-        found.append(Step(points[index].commit, before, value, since, index))
+        if len(held) >= 2:
+            since = points[previous].commit if points[index].parent not in (None, points[previous].commit) else None
+            found.append(Step(points[index].commit, before, value, since, index))
+        # else one reading was the old level (a cold first record): no level, so no step from it
         previous = index
+        held = [index]
         index += 1
     return found
 
@@ -237,59 +300,49 @@ def _trend(points: Sequence[Point], before: int, after: int) -> float:
     return float(statistics.median(changes)) if changes else 0.0
 
 
-def low_blips(points: Sequence[Point], min_step: Tolerance) -> set[int]:
-    """The points that read lower than each of their neighbours by more than the threshold at the
-    neighbour's level (``threshold``, with the series' noise): one commit that read low (an order
-    the test ran in, a blip) is no best level to measure the others against."""
-    values = [point.value for point in points]
-    spread = noise(points)
-    found = set()
-    for index, value in enumerate(values):
-        neighbours = values[max(0, index - 1): index] + values[index + 1: index + 2]
-        if neighbours and all(other - value > threshold(other, spread, min_step) for other in neighbours):
-            found.add(index)
-    return found
-
-
-def creep(points: Sequence[Point], window: int | None = None, min_step: Tolerance | None = None) -> Creep | None:
-    """The latest point against the lowest of the last ``window`` points (all of them without one),
-    a low blip left out (``low_blips``, where ``min_step`` is given); ``None`` for fewer than two
-    points."""
+def creep(points: Sequence[Point], window: int | None = None, *, reading_now: bool = False) -> Creep | None:
+    """The latest level of the last ``window`` points (all of them without one) against their best
+    level (``best_level``); with ``reading_now``, the last point's own value against the best level
+    of the points before it (the gate: the reading now is confirmed by a re-run, the past by their
+    levels). ``None`` where there is no level to compare with."""
     shown = list(points[-window:]) if window else list(points)
-    if len(shown) < 2:
+    past = shown[:-1] if reading_now else shown
+    best = best_level(past)
+    if best is None:
         return None
-    blips = low_blips(shown[:-1], min_step) if min_step is not None else set()
-    candidates = [i for i in range(len(shown) - 1) if i not in blips] or list(range(len(shown) - 1))
-    best_index = min(candidates, key=lambda i: (shown[i].value, -i))
-    since = shown[best_index:]
+    latest = Level(shown[-1].value, shown[-1].commit, len(shown) - 1, 1) if reading_now else latest_level(shown)
+    assert latest is not None  # as many points as ``best`` had
+    since = shown[best.index:]
     rises = [(b.commit, b.value - a.value, (b.value - a.value) / a.value if a.value > 0 else 0.0)
              for a, b in zip(since, since[1:]) if b.value > a.value]
     rises.sort(key=lambda rise: -rise[2])
     return Creep(
-        best=shown[best_index].value,
-        best_commit=shown[best_index].commit,
-        latest=shown[-1].value,
-        latest_commit=shown[-1].commit,
-        commits=len(shown) - 1 - best_index,
+        best=best.value,
+        best_commit=best.commit,
+        latest=latest.value,
+        latest_commit=latest.commit,
+        commits=max(0, latest.index - best.index),
         rises=tuple(rises),
         noise=noise(shown),
+        best_readings=best.readings,
     )
 
 
 def creep_since_last_step(points: Sequence[Point], min_step: Tolerance, window: int | None = None) -> Creep | None:
-    """``creep`` over the points since the last step (``steps``, the latest point included: it may
-    be what confirms a step at the point before): a level that held for two commits is the test's
-    level from then on, so a test meant to grow fails a gate on this once, at the commit that made
-    it grow; a creep no step explains counts from the best level."""
+    """The reading now (the last point) against the best level since the last step (``steps``,
+    the reading now included: it may be what confirms a step at the point before): a level that
+    held for two commits is the test's level from then on, so a test meant to grow fails a gate on
+    this once, at the commit that made it grow; a creep no step explains counts from the best level."""
     shown = list(points[-window:]) if window else list(points)
     found = steps(shown, min_step)
-    return creep(shown[found[-1].index:] if found else shown, min_step=min_step)
+    return creep(shown[found[-1].index:] if found else shown, reading_now=True)
 
 
 def gate(points: Sequence[Point], tolerance: Tolerance, min_step: Tolerance) -> tuple[Creep, float] | None:
     """The history gate on the last of ``points`` (the figure now): its creep since the last step
     (``creep_since_last_step``) and what it may be, ``tolerance`` of the best level but never less
-    than a step (the series' noise, ``min_step``); it fails where the creep's change is larger."""
+    than a step (the series' noise, ``min_step``); it fails where the creep's change is larger.
+    ``None`` where the test has no level yet (fewer than two readings since its last step)."""
     found = creep_since_last_step(points, min_step)
     if found is None:
         return None

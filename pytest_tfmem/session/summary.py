@@ -34,9 +34,10 @@ def process_line(process: ProcessAccount) -> str:
     parts_named = "tests, fixtures, imports and the pool" if process.has_pool else "tests, fixtures and imports"
     explained = f"; {100 * share:.0f}% explained by {parts_named}" if share is not None else ""
     who = f"{process.worker}: " if process.worker else "process "
+    skipped = f" (and {process.skipped} skipped)" if process.skipped else ""
     return (
         f"{who}{format_size(process.start.total)} -> {format_size(process.end.total)} ({_signed(process.growth)}) "
-        f"over {process.tests} measured test{'s' if process.tests != 1 else ''}: "
+        f"over {process.tests} measured test{'s' if process.tests != 1 else ''}{skipped}: "
         + ", ".join(parts) + explained
     )
 
