@@ -1,14 +1,17 @@
 """Do tfmem's verdicts stand on suites it was not written for? With the confirming re-run and without.
 
-    python -m benchmarks.verdicts [--commits 10] [--orders 5] [--suites keras-more,tf-keras,sklearn]
-                                  [--output docs/measurement.md] [--history-page docs/history.md]
+    python -m benchmarks.verdicts [--commits 10] [--orders 5] [--suites keras-more,tf-keras,sklearn,xla,distribute]
+                                  [--modes with,without] [--output docs/measurement.md] [--history-page docs/history.md]
 
 Suites (none of them tuned for): Keras's own attention, multi-head attention, LSTM, GRU and
 batch-normalization tests from the installed Keras, beyond the five modules the other benchmarks
 use (``keras-more``); tf-keras's own attention and layer-normalization tests from its repository
 (``tf-keras``: ``--tf-keras PATH``, a checkout; its ``from tf_keras.`` imports are read as the wheel's
 ``tf_keras.src``); scikit-learn's own PCA and k-means tests from the installed package
-(``sklearn``). Each suite runs in a fresh git repository beside ``test_batch.py`` (one test holding
+(``sklearn``); Keras's own trainer tests that compile with XLA (``jit_compile``, ``xla``), where cold
+readings are largest (the first XLA compile of a session); Keras's own tests of TensorFlow's
+distribution strategies (``MirroredStrategy`` over CPU devices, ``distribute``). Each suite runs in a
+fresh git repository beside ``test_batch.py`` (one test holding
 a 40 MiB batch), and each check runs twice, with tfmem's default (a verdict on a test's figures
 stands only if a re-run in the same process reproduces it) and with ``--no-tfmem-confirm``:
 
@@ -17,9 +20,9 @@ stands only if a re-run in the same process reproduces it) and with ``--no-tfmem
   (``--tfmem-history-gate=25%``): the gate's failures, and the tests ``tfmem history`` names (a
   step or creep) over those commits. Then the batch grows by half for two more commits: is it
   named at its commit, and does the gate fail it there?
-- **budgets**: each test gets a budget of 1.5 times its warm figure (the median of its figures in
-  the history above, with the re-run; at least its figure plus 2 MiB, the order benchmarks' floor),
-  and the suite runs in ``--orders`` random orders: how many tests fail.
+- **budgets**: each test gets a budget of 1.5 times its smallest reading in the history above
+  (with the re-run; at least that reading plus 2 MiB, the order benchmarks' floor), and the suite
+  runs in ``--orders`` random orders: how many tests fail.
 - **cost**: the first three commits are also measured with ``--tfmem-budget`` alone, in the same
   order, alternating with the history sessions: the sessions' times side by side, and how many
   re-runs each made.
@@ -31,7 +34,6 @@ import argparse
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +64,8 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.tfmem(budget=BUDGETS[item.nodeid]))
 '''
 MODES = {"with the re-run": (), "without (--no-tfmem-confirm)": (WITHOUT,)}
-DEFAULT_SUITES = "keras-more,tf-keras,sklearn"
+MODE_NAMES = {"with": "with the re-run", "without": "without (--no-tfmem-confirm)"}
+DEFAULT_SUITES = "keras-more,tf-keras,sklearn,xla,distribute"
 
 
 def _installed(package: str) -> Path | None:
@@ -80,9 +83,11 @@ class Suite:
     copies: dict[Path, str] = field(default_factory=dict)
     in_place: tuple[Path, ...] = ()
     rewrite: tuple[tuple[str, str], ...] = ()
+    select: str = ""  # a ``-k`` expression: the tests of the modules that are the suite (test_batch.py too)
 
     def targets(self) -> list[str]:
-        return [*self.copies.values(), *(str(path) for path in self.in_place), "test_batch.py"]
+        selected = ["-k", f"({self.select}) or test_batch"] if self.select else []
+        return [*self.copies.values(), *(str(path) for path in self.in_place), "test_batch.py", *selected]
 
 
 def suites(tf_keras: Path | None) -> dict[str, Suite]:
@@ -106,6 +111,13 @@ def suites(tf_keras: Path | None) -> dict[str, Suite]:
         modules = ("decomposition/tests/test_pca.py", "cluster/tests/test_k_means.py")
         found["sklearn"] = Suite("sklearn", "scikit-learn's own PCA and k-means tests",
                                  in_place=tuple(sklearn / module for module in modules))
+    if keras is not None:
+        found["xla"] = Suite("xla", "Keras's own trainer tests that compile with XLA (jit_compile)",
+                             {keras / "src" / "trainers" / "trainer_test.py": "trainer_test.py"}, select="jit")
+        modules = ("backend/tensorflow/distribute_test.py", "backend/tensorflow/optimizer_distribute_test.py")
+        found["distribute"] = Suite(
+            "distribute", "Keras's own tests of TensorFlow's distribution strategies (MirroredStrategy on CPUs)",
+            {keras / "src" / module: Path(module).name for module in modules})
     return found
 
 
@@ -221,17 +233,19 @@ def budget_check(directory: Path, suite: Suite, mode: tuple[str, ...], budgets: 
 
 
 def warm_budgets(peaks: dict[str, list[int]]) -> dict[str, int]:
+    """1.5 times each test's smallest reading, at least that reading plus the floor."""
     budgets = {}
     for nodeid, values in peaks.items():
-        warm = statistics.median(values)
-        budgets[nodeid] = int(max(BUDGET_SHARE * warm, warm + BUDGET_FLOOR))
+        smallest = min(values)
+        budgets[nodeid] = int(max(BUDGET_SHARE * smallest, smallest + BUDGET_FLOOR))
     return budgets
 
 
-def measure(suite: Suite, commits: int, orders: int) -> dict[str, Outcome]:
-    outcomes = {name: Outcome() for name in MODES}
+def measure(suite: Suite, commits: int, orders: int, modes: Sequence[str]) -> dict[str, Outcome]:
+    outcomes = {name: Outcome() for name in modes}
     budgets: dict[str, int] = {}
-    for name, mode in MODES.items():  # with the re-run first: its history gives the warm figures
+    for name in modes:  # with the re-run first: its history gives the warm figures
+        mode = MODES[name]
         with tempfile.TemporaryDirectory(prefix=f"tfmem-verdicts-{suite.name}-") as scratch:
             directory = Path(scratch)
             prepare(directory, suite)
@@ -270,7 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commits", type=int, default=10, help="unchanged commits before the step (default 10)")
     parser.add_argument("--orders", type=int, default=5, help="random orders under the budgets (default 5)")
-    parser.add_argument("--suites", default=DEFAULT_SUITES, help="which suites (default all three)")
+    parser.add_argument("--suites", default=DEFAULT_SUITES, help=f"which suites (default {DEFAULT_SUITES})")
+    parser.add_argument("--modes", default="with,without",
+                        help="with the re-run, without it (--no-tfmem-confirm), or both (default with,without)")
     parser.add_argument("--tf-keras", type=Path, help="a checkout of tf-keras (its own tests)")
     parser.add_argument("--output", type=Path, help="write the table between this script's markers in the page")
     parser.add_argument("--history-page", type=Path, help="write it into this page too")
@@ -282,10 +298,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         parser.error(f"not available here: {', '.join(missing)} (tf-keras needs --tf-keras PATH, a checkout; "
                      "sklearn needs scikit-learn)")
+    modes = [MODE_NAMES[mode] for mode in args.modes.split(",") if mode]
     table = []
     details = []
     for name in chosen:
-        outcomes = measure(known[name], args.commits, args.orders)
+        outcomes = measure(known[name], args.commits, args.orders, modes)
         table += rows(known[name], outcomes)
         for mode, outcome in outcomes.items():
             for test, said in outcome.flat_named.items():
@@ -297,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         f"Each suite beside `test_batch.py` (a 40 MiB batch); {args.commits} unchanged commits, each in its own "
         f"random order with `--tfmem-history-gate={GATE}`, then the batch +50% at the next; per-test budgets "
-        f"of {BUDGET_SHARE:g}x each test's warm figure (at least +2 MiB) in {args.orders} other random orders; "
+        f"of {BUDGET_SHARE:g}x each test's smallest reading (at least +2 MiB) in {args.orders} other random orders; "
         f"the first {TIMED_COMMITS} commits also with `--tfmem-budget` alone, alternating.",
         "",
         *markdown_table(["suite", "verdicts", "gate failures, unchanged commits", "tests `tfmem history` names",
@@ -310,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     # A run of other suites than the three (a check of one) has a section of its own.
     section = "benchmarks/verdicts.py" if args.suites == DEFAULT_SUITES else f"benchmarks/verdicts.py {args.suites}"
+    if args.modes != "with,without":
+        section += f" {args.modes}"
     for page in (args.output, args.history_page):
         if page is not None:
             machine.write_section(page, section, text, "Verdicts on suites tfmem was not written for")
