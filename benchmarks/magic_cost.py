@@ -8,8 +8,9 @@ A real IPython shell (``IPython.testing.globalipapp``) in a process of its own, 
 medians and their difference: what the magic costs a cell (its garbage collection, heap trim,
 high-water mark reset, readings and printed line). Then the same plain cell with ``%tfmem_guard``
 on (its thread started and stopped around each cell), and the kernel's CPU time over two idle
-seconds with the guard on, as a share of those seconds. ``--tensorflow`` imports TensorFlow
-first, as a Keras notebook has, so the collection sees its objects.
+seconds with the guard on, as a share of those seconds. Then the cell with ``%tfmem_auto on`` (the
+line printed after each cell) against the same cell plain, in alternating blocks of ten cells.
+``--tensorflow`` imports TensorFlow first, as a Keras notebook has, so the collection sees its objects.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ for number in range({cells}):
             started = time.perf_counter()
             shell.run_cell(source)
             times.append(time.perf_counter() - started)
-shell.run_cell("%tfmem_guard 64GB")
+shell.run_cell("%tfmem_guard")
 guarded = []
 for number in range({cells}):
     started = time.perf_counter()
@@ -46,8 +47,19 @@ for number in range({cells}):
 cpu, wall = time.process_time(), time.perf_counter()
 time.sleep(2)
 idle = (time.process_time() - cpu) / (time.perf_counter() - wall)
+shell.run_cell("%tfmem_guard off")
+quiet, auto = [], []
+for block in range(max(1, {cells} // 10)):
+    for switch, times in (("off", quiet), ("on", auto)):
+        with contextlib.redirect_stdout(io.StringIO()):
+            shell.run_cell(f"%tfmem_auto {{switch}}")
+            for number in range(10):
+                started = time.perf_counter()
+                shell.run_cell(cell)
+                times.append(time.perf_counter() - started)
 print(json.dumps({{"plain": statistics.median(plain[5:]), "measured": statistics.median(measured[5:]),
-                   "guarded": statistics.median(guarded[5:]), "idle": idle}}))
+                   "guarded": statistics.median(guarded[5:]), "idle": idle,
+                   "quiet": statistics.median(quiet), "auto": statistics.median(auto)}}))
 '''
 
 
@@ -67,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"%tfmem_guard on: the cell {medians['guarded'] * 1000:.2f} ms "
           f"({(medians['guarded'] - medians['plain']) * 1000:+.2f} ms); the idle kernel's CPU "
           f"{medians['idle'] * 100:.2f}% of two seconds")
+    print(f"%tfmem_auto on: the cell {medians['auto'] * 1000:.2f} ms against {medians['quiet'] * 1000:.2f} ms plain "
+          f"in the same blocks ({(medians['auto'] - medians['quiet']) * 1000:+.2f} ms a cell, its line printed)")
     return 0
 
 

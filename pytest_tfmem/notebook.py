@@ -9,8 +9,15 @@
   cell's variables stay as the cell left them; the kernel is untouched.
 - ``%tfmem STATEMENT`` (``%tfmem 2GB STATEMENT``) does the same for one line, as ``%memit`` does.
 - ``%tfmem_guard 6GB`` stops a cell that takes the kernel past 6 GB where it has reached
-  (``guard``); ``%tfmem_guard off`` removes it. A kernel killed with a guarded cell running is
-  named by the next ``%load_ext pytest_tfmem`` in the same folder.
+  (``guard``); ``%tfmem_guard`` alone sets the guard below what the kernel may have (its memory
+  cgroup's limit, JupyterHub's ``MEM_LIMIT``, the machine's memory); ``%tfmem_guard off`` removes
+  it. A kernel killed with a guarded cell running is named by the next ``%load_ext pytest_tfmem``
+  in the same folder.
+- ``%tfmem_auto on`` prints one line after every cell: its peak, what it kept, the kernel's size
+  against its limit (``cell_report``); ``%tfmem_auto off``.
+
+A budget's failure is shown as the cell's error, without tfmem's frames (IPython's
+``_render_traceback_``).
 
 Bad input (``%%tfmem 2 gigs``) is a one-line usage error that runs nothing.
 """
@@ -20,7 +27,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from pytest_tfmem import guard
+from pytest_tfmem import cell_report, guard
 from pytest_tfmem.core.measure import Monitor
 from pytest_tfmem.core.retained import read_collected_level
 from pytest_tfmem.core.verdict import WHAT_USED, check_budget, describe_views, what_used
@@ -91,8 +98,17 @@ def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | Non
     verdict = check_budget(measurement, budget)
     if verdict is not None and not verdict.ok:
         used = what_used(measurement)
-        return lines, failure(BudgetExceeded, f"tfmem: {verdict.message}\ntfmem: {WHAT_USED}{used}")
+        over = failure(BudgetExceeded, f"tfmem: {verdict.message}\ntfmem: {WHAT_USED}{used}")
+        return lines, shown_without_frames(over)
     return lines + ([f"tfmem: {verdict.message}"] if verdict is not None else []), None
+
+
+def shown_without_frames(error: TfmemFailure) -> TfmemFailure:
+    """IPython shows ``error`` as the cell's error, its class and message alone: the frames it was
+    raised from are tfmem's, which say nothing of the cell (IPython asks ``_render_traceback_``)."""
+    text = f"{type(error).__name__}: {error}".splitlines()
+    error._render_traceback_ = lambda: text
+    return error
 
 
 GUARD_HELP = """Stop a cell that takes the kernel past a size, before the OOM killer takes the kernel.
@@ -100,25 +116,39 @@ GUARD_HELP = """Stop a cell that takes the kernel past a size, before the OOM ki
     %tfmem_guard 6GB     while a cell runs, the kernel's size is read every 20 ms; past 6 GB
                          the cell stops where it is (GuardTripped), the kernel and its
                          variables stay
+    %tfmem_guard         the same, below what the kernel may have: its memory cgroup's limit,
+                         JupyterHub's MEM_LIMIT or the machine's memory, less a tenth of it
     %tfmem_guard off     no guard
 
-One native call that allocates past the guard and the machine's memory at once cannot be stopped
-before it returns."""
+A cell that begins above the guard (a stopped cell's variables stay) may grow by a margin the
+guard names, no more. One native call that allocates past the guard and the kernel's limit at once
+cannot be stopped before it returns."""
+
+AUTO_HELP = """One line after every cell: its peak, what it kept, the kernel's size against its limit.
+
+    %tfmem_auto on       tfmem: peak +190.7 MiB, kept +0.4 MiB; the kernel 1.21 GiB of 23.4 GiB (...)
+    %tfmem_auto off
+
+peak: the cell's exact peak above where it began (the kernel's high-water mark, reset for the
+cell); kept: the kernel's size after the cell less before. Nothing is collected or handed back
+first, to keep it under a millisecond: after a large free, a cell may reuse memory the kernel still
+holds and read low (%%tfmem hands freed memory back before it measures)."""
 
 
-def guard_limit(line: str) -> int | None:
-    """``%tfmem_guard 6GB``: the limit, ``None`` for ``off``; ``ValueError`` names anything else."""
+def guard_limit(line: str, limit: guard.KernelLimit) -> int | None:
+    """``%tfmem_guard 6GB``: the guard's size, ``None`` for ``off``; ``ValueError`` names anything else."""
     words = line.strip()
     if words == "off":
         return None
-    if not words:
-        raise ValueError(f"%tfmem_guard needs a size or off; sizes: {SIZE_FORMS}")
-    limit = parse_size(words, what="guard")
-    held = host.current_rss()
-    if limit <= held:
-        raise ValueError(f"guard {words} is not above what the kernel holds already, {format_size(held)}: "
-                         "give a larger size")
-    return limit
+    return guard.guard_size(words, limit, host.current_rss())
+
+
+def auto_on(line: str) -> bool:
+    """``%tfmem_auto on`` / ``off``; ``ValueError`` names anything else."""
+    words = line.strip()
+    if words not in ("on", "off"):
+        raise ValueError(f"%tfmem_auto takes on or off, not {words!r}")
+    return words == "on"
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -128,19 +158,32 @@ def load_ipython_extension(ipython: Any) -> None:
     @magics_class
     class TfmemMagics(Magics):
         kernel_guard: guard.Guard | None = None
+        report: cell_report.CellReport | None = None
 
         @line_magic
         def tfmem_guard(self, line: str) -> None:
+            limit = guard.kernel_limit()
             try:
-                limit = guard_limit(line)
+                size = guard_limit(line, limit)
             except ValueError as error:
                 raise UsageError(f"{error}\n{GUARD_HELP.splitlines()[0]}") from None
-            self.kernel_guard = guard.install(self.shell, limit, self.kernel_guard)
-            if limit is None:
+            self.kernel_guard = guard.install(self.shell, size, limit, self.kernel_guard)
+            if size is None:
                 print("tfmem guard: off")
                 return
-            print(f"tfmem guard: a cell that takes the kernel past {format_limit(limit)} is stopped there "
-                  f"(it holds {format_size(host.current_rss())} now)")
+            below = (f"{limit.describe()} less a margin of {format_size(limit.bytes - size)}" if not line.strip()
+                     else f"the kernel may have {limit.describe()}")
+            print(f"tfmem guard: a cell that takes the kernel past {format_limit(size)} is stopped there ({below}; "
+                  f"it holds {format_size(host.current_rss())} now)")
+
+        @line_magic
+        def tfmem_auto(self, line: str) -> None:
+            try:
+                on = auto_on(line)
+            except ValueError as error:
+                raise UsageError(f"{error}\n{AUTO_HELP.splitlines()[0]}") from None
+            self.report = cell_report.install(self.shell, on, self.report)
+            print(f"tfmem auto: {'a line after every cell' if on else 'off'}")
 
         @line_cell_magic
         def tfmem(self, line: str, cell: str | None = None) -> None:
@@ -161,6 +204,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
     TfmemMagics.tfmem.__doc__ = HELP
     TfmemMagics.tfmem_guard.__doc__ = GUARD_HELP
+    TfmemMagics.tfmem_auto.__doc__ = AUTO_HELP
     ipython.register_magics(TfmemMagics)
     for line in guard.dead_kernels():  # a kernel of this folder the OOM killer took with a guarded cell running
         print(line)

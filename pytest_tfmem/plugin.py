@@ -16,4 +16,5 @@ pytest_plugins: list[str] = [
     "pytest_tfmem.workers.plugin",
     "pytest_tfmem.html.plugin",
     "pytest_tfmem.session.plugin",
+    "pytest_tfmem.kernels.plugin",
 ]

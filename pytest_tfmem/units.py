@@ -79,6 +79,21 @@ def format_size(nbytes: float | None, *, signed: bool = False) -> str:
     return f"{sign}{size:.0f} B"
 
 
+def format_compared(*sizes: int) -> list[str]:
+    """Sizes written to be compared by eye: one unit (the largest's), and as many decimals as it
+    takes (up to three; a GiB figure two at least) for sizes that differ to read differently:
+    ``format_compared(1_503_238_553, 1_500_000_000) == ['1.400 GiB', '1.397 GiB']``."""
+    largest = max((abs(size) for size in sizes), default=0)
+    unit, factor = next(((unit, factor) for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+                         if largest >= factor), ("B", 1))
+    distinct = len(set(sizes))
+    for decimals in range({2**30: 2, 1: 0}.get(factor, 1), 4):  # a GiB figure to a hundredth, at least
+        shown = [f"{size / factor:.{decimals}f} {unit}" for size in sizes]
+        if len(set(shown)) == distinct:
+            return shown
+    return shown
+
+
 def format_limit(limit: int) -> str:
     """A limit written in decimal units as the user wrote it beside its binary value,
     ``400MB (381.5 MiB)``; ``format_size`` of any other."""

@@ -26,10 +26,16 @@ CELLS = (
     "%tfmem 100MB line = np.ones(10 * 2**20, dtype=np.uint8)",
     "%%tfmem 20MB\nbig = np.ones(40 * 2**20, dtype=np.uint8)",
     "print(f\"the kernel lives on: kept {kept.nbytes >> 20} MiB, big {big.nbytes >> 20} MiB\")",
+    "%tfmem_auto on",
+    "temporary = np.ones(50 * 2**20, dtype=np.uint8)\ndel temporary",
+    "%tfmem_auto off",
     "%tfmem_guard 500MB",
     "import time\n\nbatches = []\nfor _ in range(100):\n    batches.append(np.ones(20 * 2**20, dtype=np.uint8))\n"
     "    time.sleep(0.01)",
     "print(f\"stopped after {len(batches)} batches; kept {kept.nbytes >> 20} MiB is still here\")",
+    "time.sleep(0.2)\nprint(\"a cell that grows nothing runs on\")",
+    "del batches",
+    "%tfmem_guard",
 )
 
 

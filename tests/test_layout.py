@@ -42,8 +42,8 @@ PACKAGE_FILES = sorted(path for path in PACKAGE.rglob("*.py") if path != PACKAGE
 
 def test_the_features_are_the_expected_subpackages():
     assert FEATURES == [
-        "cli", "core", "explain", "frameworks", "gates", "gpu", "html", "isolate", "journal", "leaks", "platforms",
-        "probes", "run", "session", "trace", "workers",
+        "cli", "core", "explain", "frameworks", "gates", "gpu", "html", "isolate", "journal", "kernels", "leaks",
+        "platforms", "probes", "run", "session", "trace", "workers",
     ]
     assert len([path for path in PACKAGE.glob("*.py")]) <= 12  # a short top level
 
@@ -63,7 +63,8 @@ def test_a_feature_imports_no_other_features_plugin_module(path: Path):
 # Feature subpackages: each a concern of its own that meets the others only through the core.
 # ``core``, ``probes``, ``frameworks`` and ``platforms`` (below every feature) and ``cli`` (the
 # command, which reads the files the features write) are no features.
-FEATURE_PACKAGES = {"explain", "gates", "gpu", "html", "isolate", "journal", "leaks", "run", "session", "trace", "workers"}
+FEATURE_PACKAGES = {"explain", "gates", "gpu", "html", "isolate", "journal", "kernels", "leaks", "run", "session", "trace",
+                    "workers"}
 # Libraries a feature offers every other part: the journal's file format and its reader.
 SHARED_LIBRARIES = {"pytest_tfmem.journal.format", "pytest_tfmem.journal.reader"}
 # Imports that go once what they import moves below the features (none left).

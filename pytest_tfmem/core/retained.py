@@ -22,7 +22,7 @@ Pure values and arithmetic; ``current_level`` is the one reader.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pytest
@@ -30,6 +30,7 @@ import pytest
 from pytest_tfmem.core import measure
 from pytest_tfmem.core.confirm import OneTimeCosts
 from pytest_tfmem.probes import children, host
+from pytest_tfmem.probes.process_books import ProcessBooks
 from pytest_tfmem.units import format_size
 
 TEST, FIXTURE, IMPORT, RUNTIME, FIRST_USE = "test", "fixture", "first import", "runtime", "first use"
@@ -47,6 +48,8 @@ class Level:
     tf_in_use: int = 0  # TensorFlow's CPU allocator, in use
     tf_pool: int = 0  # the pool's estimate: the highest level ever in use
     children: int = 0  # the processes this one started that are still running (``probes.children``)
+    # Those processes one by one: (pid, size), as ``children`` counts them; not written out.
+    processes: tuple[tuple[int, int], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def total(self) -> int:
@@ -67,6 +70,9 @@ class Level:
     def pool_free(self) -> int:
         return self.tf_pool - self.tf_in_use
 
+    def to_dict(self) -> dict[str, int]:
+        return {"rss": self.rss, "tf_in_use": self.tf_in_use, "tf_pool": self.tf_pool, "children": self.children}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Level:
         return cls(
@@ -82,7 +88,18 @@ CHILDREN_VIEW = "children"
 def children_size(leave_out: Collection[int] = ()) -> int:
     """What the running descendants (less those in ``leave_out``) hold above what they inherited
     (0, at the cost of one system call, when there are none)."""
-    return sum(mark.own_size for mark in children.watch().running() if mark.pid not in leave_out)
+    return sum(size for pid, size in running_sizes() if pid not in leave_out)
+
+
+def running_sizes() -> tuple[tuple[int, int], ...]:
+    """Each running descendant's size above what it inherited, less what it booked apart itself
+    (``probes.process_books``: a notebook kernel's start and first imports, paid once by it)."""
+    marks = children.watch().running()
+    books = ProcessBooks.from_environment() if marks else None
+    return tuple(
+        (mark.pid, max(0, mark.own_size - (books.booked_bytes(mark.pid) if books is not None else 0)))
+        for mark in marks
+    )
 
 
 def running_children() -> frozenset[int]:
@@ -93,11 +110,13 @@ def running_children() -> frozenset[int]:
 def current_level() -> Level:
     """The process now (no collection: see ``read_collected_level``)."""
     allocator = measure.probes().pooled_host_view()
+    processes = running_sizes()
+    children_total = sum(size for _, size in processes)
     if allocator is None:
-        return Level(host.current_rss(), children=children_size())
+        return Level(host.current_rss(), children=children_total, processes=processes)
     allocator.peak()  # the highest level since the last reset counts towards the pool
     in_use = allocator.current()
-    return Level(host.current_rss(), in_use, allocator.pool_estimate, children_size())
+    return Level(host.current_rss(), in_use, allocator.pool_estimate, children_total, processes)
 
 
 class ResidentPool:
@@ -124,7 +143,7 @@ class ResidentPool:
         if keep:
             self._highest = max(self._highest, reading.tf_pool)
             self._resident, self._rss = resident, reading.rss
-        return Level(reading.rss, reading.tf_in_use, resident, reading.children)
+        return Level(reading.rss, reading.tf_in_use, resident, reading.children, reading.processes)
 
 
 def read_collected_level() -> Level:
@@ -192,8 +211,8 @@ class Retained:
         """Its fields as JSON values (field by field: see ``Measurement.to_dict``), with the figures."""
         data = dict(vars(self))
         data.update(
-            before=dict(vars(self.before)),
-            after=dict(vars(self.after)),
+            before=self.before.to_dict(),
+            after=self.after.to_dict(),
             bookings=[dict(vars(booking)) for booking in self.bookings],
             stayed=list(self.stayed),
             cleared_by=list(self.cleared_by),
@@ -393,8 +412,8 @@ class ProcessAccount:
             "start_bytes": self.start.total,
             "end_bytes": self.end.total,
             "growth_bytes": self.growth,
-            "start": asdict(self.start),
-            "end": asdict(self.end),
+            "start": self.start.to_dict(),
+            "end": self.end.to_dict(),
             "tests_retained_bytes": self.tests_bytes,
             "fixtures": fixtures,
             "imports": imports,

@@ -254,7 +254,11 @@ def describe_child(figure: ChildFigure) -> str:
     how = "running when the test ended" if figure.running else (figure.ended or "ended (reaped elsewhere)")
     basis = "" if figure.exact else " (as last read)"
     last = f", last read at {format_size(figure.last_rss)}" if figure.died else ""
+    booked = ""
+    if figure.booked:  # what the process booked apart itself: its figure leaves it out
+        said = ", ".join(f"{what} {format_size(size)}" for what, size in figure.booked_as)
+        booked = f"; booked apart, not counted: {said}"
     if figure.running_before:
         return (f"pid {figure.pid} `{figure.command}`: running before the test, grew {format_size(figure.peak)} "
-                f"while it ran (as read every {INTERVAL_S * 1000:g} ms){last}, {how}")
-    return f"pid {figure.pid} `{figure.command}`: peak {format_size(figure.peak)}{basis}{last}, {how}"
+                f"while it ran (as read every {INTERVAL_S * 1000:g} ms){last}, {how}{booked}")
+    return f"pid {figure.pid} `{figure.command}`: peak {format_size(figure.peak)}{basis}{last}, {how}{booked}"

@@ -44,6 +44,7 @@ of the window starts (a first import's). A fork of this process tells its size a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -54,6 +55,7 @@ from typing import Any
 from pytest_tfmem import platforms
 from pytest_tfmem.platforms.fork_sizes import ForkSizes
 from pytest_tfmem.probes import host, system
+from pytest_tfmem.probes.process_books import ProcessBooks
 from pytest_tfmem.probes.watchdog import ProcessMark, ProcessTreeRss, killed_by_oom_killer, signal_cause
 
 INTERVAL_S = 0.005  # how often descendants are read while a window has any
@@ -86,6 +88,10 @@ class ChildFigure:
     oom_killed: bool = False
     # Running before the window opened: ``peak`` is what it grew by while the window was open.
     running_before: bool = False
+    # What the process booked apart itself (``probes.process_books``: a kernel's start, its first
+    # imports), left out of ``peak``; ``booked_as`` says what: (what, bytes) each.
+    booked: int = 0
+    booked_as: tuple[tuple[str, int], ...] = ()
 
     @property
     def read(self) -> bool:
@@ -136,7 +142,11 @@ class ChildrenReading:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChildrenReading:
         return cls(
-            processes=tuple(ChildFigure(**figure) for figure in data["processes"]),
+            processes=tuple(
+                ChildFigure(**{**figure, "booked_as": tuple((str(what), int(size))
+                                                            for what, size in figure.get("booked_as", ()))})
+                for figure in data["processes"]
+            ),
             combined=data["combined"],
             combined_basis=data["combined_basis"],
             sampled_sum=data["sampled_sum"],
@@ -314,9 +324,15 @@ class ChildWatch:
         alive = self._tree.running
         figures = [self._figure(pid, pid in alive, oom) for pid in sorted(pids)]
         figures += [self._growth(pid, grown, pid in alive) for pid, grown in sorted(grew.items())]
+        sampled_sum = window.sampled_sum
+        books = ProcessBooks.from_environment()
+        if books is not None:
+            figures = [_net_of_books(figure, books, window.started) for figure in figures]
+            # the sizes read at once counted the processes it started whole, their bookings too
+            sampled_sum = max(0, sampled_sum - sum(figure.booked for figure in figures if not figure.running_before))
         marks = [self._tree.processes.get(pid) for pid in [*sorted(pids), *sorted(grew)]]
-        combined, basis = _combined(figures, marks, window.sampled_sum)
-        return ChildrenReading(tuple(figures), combined, basis, window.sampled_sum)
+        combined, basis = _combined(figures, marks, sampled_sum)
+        return ChildrenReading(tuple(figures), combined, basis, sampled_sum)
 
     def _figure(self, pid: int, running: bool, oom: system.OomKillCount | None) -> ChildFigure:
         mark = self._tree.processes.get(pid)
@@ -408,6 +424,17 @@ class ChildWatch:
                 if self._span is not None:
                     self._span[1].add(reaped_pid)
         return reaped_pid, status
+
+
+def _net_of_books(figure: ChildFigure, books: ProcessBooks, since: float) -> ChildFigure:
+    """``figure`` less what its process booked apart while the window saw it (a kernel's start and
+    first imports): those are the process's, paid once, not the window's."""
+    bookings = books.booked(figure.pid, since, started_in_window=not figure.running_before)
+    if not bookings:
+        return figure
+    booked = sum(booking.bytes for booking in bookings)
+    said = tuple((booking.what, booking.bytes) for booking in bookings)
+    return dataclasses.replace(figure, peak=max(0, figure.peak - booked), booked=booked, booked_as=said)
 
 
 def _exact_peak(mark: ProcessMark | None, reaped: _Reaped | None) -> int | None:

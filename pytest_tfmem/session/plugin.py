@@ -132,6 +132,7 @@ class _Span:
     call_kept: Booking | None = None
     so_far: int = 0
     reproduced: str = ""  # where the re-run kept as much again: both runs' figures, for the failure
+    ended_in_fixtures: set[int] = field(default_factory=set)  # processes a fixture's teardown booking covers
 
 
 @dataclass
@@ -238,6 +239,9 @@ class SessionBooks:
             cleared_by = frameworks.clear()
         weighed = _Weighed()
         level = self._read(functools.partial(self._what_stayed, item, self._span, weighed), weighed)
+        ended = ended_processes(self._span.before, level, self._span.ended_in_fixtures)
+        if ended is not None:
+            self._span.bookings.append(ended)
         span, self._span = self._span, None
         self._level = level
         tfmem = manager(self.config)
@@ -396,6 +400,8 @@ class SessionBooks:
         if self._span is None:
             return None
         whole = Booking.between(FIXTURE, fixture_label(fixturedef), detail, before, after)
+        if detail == "teardown":  # what it stopped is booked here, not again as a process that ended
+            self._span.ended_in_fixtures |= {pid for pid, _ in before.processes} - {pid for pid, _ in after.processes}
         booking = Booking(
             FIXTURE, whole.name, detail,
             whole.host_bytes - sum(b.host_bytes for b in inner), whole.tf_bytes - sum(b.tf_bytes for b in inner),
@@ -415,6 +421,19 @@ class SessionBooks:
             terminalreporter.write_line(HOW_TO_READ)
             for line in lines:
                 terminalreporter.write_line(line)
+
+
+def ended_processes(before: Level, after: Level, booked: set[int]) -> Booking | None:
+    """Processes that ran as the test's span began and ended within it, outside a fixture's
+    teardown (``booked``: the kernel nbval stops after a notebook's last cell): what they held
+    then left with them, which is not the test's."""
+    running = {pid for pid, _ in after.processes} | booked
+    ended = [(pid, size) for pid, size in before.processes if pid not in running]
+    if not ended:
+        return None
+    pids = ", ".join(str(pid) for pid, _ in ended)
+    return Booking(FIXTURE, f"process{'es' if len(ended) > 1 else ''} {pids}, running before it",
+                   "ended", -sum(size for _, size in ended))
 
 
 _UNITTEST_CLASS_FIXTURE = "_unittest_setUpClass_fixture_"
