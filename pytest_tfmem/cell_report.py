@@ -25,6 +25,19 @@ from pytest_tfmem.units import format_compared, format_size
 FIRST_IMPORTS = tuple(sorted({framework.module for framework in frameworks.KNOWN} | {"keras", "tf_keras"}))
 
 
+def loaded_frameworks() -> set[str]:
+    """The frameworks (``FIRST_IMPORTS``) imported in the kernel so far."""
+    return {name for name in FIRST_IMPORTS if name in sys.modules}
+
+
+def first_imports_note(before: set[str]) -> str:
+    """``; first import of tensorflow, keras in this cell: ...`` for those imported since ``before``."""
+    imported = sorted(loaded_frameworks() - before)
+    if not imported:
+        return ""
+    return f"; first import of {', '.join(imported)} in this cell: its start is in these figures"
+
+
 class CellReport:
     """The line after each cell; registered on the shell's events by ``install``."""
 
@@ -35,7 +48,7 @@ class CellReport:
         self._loaded: set[str] = set()
 
     def before(self, *_: object) -> None:
-        self._loaded = {name for name in FIRST_IMPORTS if name in sys.modules}
+        self._loaded = loaded_frameworks()
         self._platform.reset_peak_mark()
         self._start = host.current_rss()
 
@@ -50,10 +63,7 @@ class CellReport:
         size, limit = format_compared(now, self.limit.bytes)
         grew, kept = format_size(peak - start, signed=True), format_size(now - start, signed=True)
         text = f"tfmem: peak {grew}, kept {kept}; the kernel {size} of {limit} ({self.limit.source})"
-        imported = [name for name in FIRST_IMPORTS if name in sys.modules and name not in self._loaded]
-        if imported:
-            text += f"; first import of {', '.join(imported)} in this cell: its start is in these figures"
-        return text
+        return text + first_imports_note(self._loaded)
 
 
 def install(shell: Any, on: bool, current: CellReport | None) -> CellReport | None:

@@ -83,6 +83,7 @@ def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | Non
     here) where it was over."""
     collect_young()
     before = read_collected_level()
+    loaded = cell_report.loaded_frameworks()
     monitor = Monitor(release_first=False)
     monitor.start()
     try:
@@ -93,7 +94,7 @@ def measure(run: Any, budget: int | None) -> tuple[list[str], TfmemFailure | Non
     left = read_collected_level().held - before.held
     lines = [
         f"tfmem: peak {format_size(measurement.peak)} ({describe_views(measurement)}); "
-        f"left behind {format_size(left, signed=True)}"
+        f"left behind {format_size(left, signed=True)}{cell_report.first_imports_note(loaded)}"
     ]
     verdict = check_budget(measurement, budget)
     if verdict is not None and not verdict.ok:

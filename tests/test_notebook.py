@@ -227,6 +227,7 @@ from IPython.testing.globalipapp import start_ipython
 
 shell = start_ipython()
 shell.run_line_magic("load_ext", "pytest_tfmem")
+shell.run_cell("%tfmem_auto on")
 shell.run_cell("""
 import numpy as np, keras
 held = []
@@ -250,3 +251,6 @@ def test_the_guard_stops_a_keras_fit_that_grows_over_its_epochs(tmp_path) -> Non
                           timeout=300, check=False, env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FIT GuardTripped True" in done.stdout, done.stdout + done.stderr
+    # the cell that imported Keras says so after it (%tfmem_auto): its figures carry that start
+    assert re.search(r"tfmem: peak \+\d+\.\d MiB, kept \+\d+\.\d MiB; the kernel .*; first import of (jax, )?keras, "
+                     r"tensorflow in this cell: its start is in these figures", done.stdout), done.stdout
