@@ -3,6 +3,7 @@ and the main job's time, side by side with an earlier commit's main job.
 
     python -m benchmarks.quick_start [--against 6c9e28c] [--repeat 2] [--output docs/development.md]
                                      [--scenarios-page docs/scenarios.md]
+    python -m benchmarks.quick_start --extras [--output docs/development.md] [--readme README.md]
 
 Each extra (``scenarios``: the main job's, ``test``: the tests') is installed into a fresh virtual
 environment with ``pip install -e ".[EXTRA]"`` from this checkout, timed, and weighed (``du`` of the
@@ -12,6 +13,11 @@ environment, and as many times in the ``test`` environment from a worktree of ``
 main job as the README of that commit ran it: its ``test`` extra), alternating, timed from start
 to end. Prints the two tables; ``--output`` writes them between this script's markers, and
 ``--scenarios-page`` the main job's own summary (from its last run here) into the scenarios' page.
+
+``--extras`` weighs instead what the README's line for one's own project installs: the package from
+this checkout, not editable, with no extra and with each extra a project may want (``EXTRAS_WEIGHED``),
+each into a fresh virtual environment: the packages it adds and their size on disk, less what a
+bare environment holds. ``--readme`` writes that table into the README too.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ from pytest_tfmem.units import format_size
 REPOSITORY = Path(__file__).resolve().parent.parent
 MAIN_JOB = ("scenarios", "-n", "2", "--tfmem-budget=4GB")
 EXTRAS = ("scenarios", "test")
+# What each extra is installed with: the main job's TensorFlow comes from a requirements file, as
+# the README's quick start installs it (no extra names TensorFlow: pyproject.toml).
+WITH = {"scenarios": ("-r", "requirements/tensorflow.txt")}
+EXTRAS_WEIGHED = {"": "pytest, psutil", "trace": "tensorboard, tensorboard-plugin-profile, xprof, matplotlib",
+                  "gpu": "nvidia-ml-py"}
+FOR = {"": "budgets, leaks, isolation, gates, notebooks",
+       "trace": "TensorBoard traces, the op table of `--tfmem-explain`, `tfmem plot`",
+       "gpu": "the NVML views of GPU memory"}
 
 
 def size_of(path: Path) -> int:
@@ -50,12 +64,42 @@ def install(extra: str, checkout: Path, environment: Path) -> dict[str, object]:
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
     started = time.perf_counter()
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", f".[{extra}]"], cwd=checkout, check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-e", f".[{extra}]", *WITH.get(extra, ())],
+                   cwd=checkout, check=True)
     seconds = time.perf_counter() - started
     packages = site_packages(environment)
     cuda = sum(size_of(path) for path in packages.glob("nvidia*"))
     randomly = any(packages.glob("pytest_randomly*"))
     return {"seconds": seconds, "bytes": size_of(environment), "cuda": cuda, "randomly": randomly}
+
+
+def weigh(extra: str, root: Path) -> tuple[int, int]:
+    """What ``pip install "CHECKOUT[EXTRA]"`` adds to a fresh environment: packages, bytes."""
+    bare = root / "bare"
+    if not bare.exists():
+        venv.create(bare, with_pip=True)
+    environment = root / (extra or "none")
+    venv.create(environment, with_pip=True)
+    target = f"{REPOSITORY}[{extra}]" if extra else str(REPOSITORY)
+    subprocess.run([str(environment / "bin" / "python"), "-m", "pip", "install", "--quiet", target], check=True,
+                   cwd=root)
+    before = {path.name for path in site_packages(bare).glob("*.dist-info")}
+    added = [path for path in site_packages(environment).glob("*.dist-info") if path.name not in before]
+    return len(added), size_of(site_packages(environment)) - size_of(site_packages(bare))
+
+
+def extras_table(argv: Sequence[str] | None) -> str:
+    with tempfile.TemporaryDirectory(prefix="tfmem-extras-") as scratch:
+        weighed = {extra: weigh(extra, Path(scratch)) for extra in EXTRAS_WEIGHED}
+    rows = [[f"`{extra}`" if extra else "(none)", brings, f"{count} packages, {format_size(size)}", FOR[extra]]
+            for (extra, brings), (count, size) in zip(EXTRAS_WEIGHED.items(), weighed.values())]
+    return "\n".join([
+        *markdown_table(["extra", "brings", "installs", "for"], rows),
+        "",
+        machine.written_by("-m benchmarks.quick_start", argv) + ": each into a fresh virtual environment, as "
+        "`pip install \"/path/to/pytest-tfmem[EXTRA]\"` does, less what a bare environment holds.",
+        "",
+    ])
 
 
 def main_job(environment: Path, checkout: Path) -> tuple[float, str]:
@@ -85,7 +129,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="write the tables between this script's markers in the page")
     parser.add_argument("--scenarios-page", type=Path, help="write the main job's summary between this script's "
                         "markers in this page")
+    parser.add_argument("--extras", action="store_true", help="weigh what each extra a project may want installs")
+    parser.add_argument("--readme", type=Path, help="with --extras: write the table into this README too")
     args = parser.parse_args(argv)
+    if args.extras:
+        table = extras_table(argv)
+        print(table)
+        for page in (args.output, args.readme):
+            if page is not None:
+                machine.write_section(page, "benchmarks/quick_start.py extras", table, "What each extra weighs")
+        return 0
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfmem-quick-start-") as scratch:
         root = Path(scratch)

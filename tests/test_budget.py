@@ -247,3 +247,26 @@ def test_a_budget_failure_says_what_used_the_memory_and_the_line_where_the_re_ru
         "test_one.py:4 `block = np.ones(300 * 10**6, dtype=np.uint8)` +28?.? MiB",
     ])
     assert "what used it" not in next(line for line in explained.outlines if line.startswith("FAILED "))
+
+
+def test_what_used_it_names_the_larger_part_by_the_figures_of_the_same_message():
+    """Host RSS counts TensorFlow's allocator too: what lies outside is RSS less the allocator's share."""
+    from pytest_tfmem.core.measure import Measurement, ViewReading
+    from pytest_tfmem.core.verdict import what_used
+
+    mib = 2**20
+
+    def reading(host: float, tensors: float | None) -> Measurement:
+        views = [ViewReading("host", 0, int(host * mib), 0)]
+        if tensors is not None:
+            views.append(ViewReading("tf:CPU:0", 0, int(tensors * mib), 0))
+        return Measurement(tuple(views), 0.1)
+
+    # the message said host RSS 61.7 MiB, TF CPU:0 allocator 30.5 MiB, then "mostly host memory ... 61.7 of 61.7"
+    assert what_used(reading(61.7, 30.5)) == (
+        "mostly host memory outside the frameworks' allocators (NumPy arrays, Python objects, native libraries): "
+        "31.2 MiB of 61.7 MiB (host RSS 61.7 MiB, less the TF CPU:0 allocator's 30.5 MiB)")
+    assert what_used(reading(61.7, 40.0)) == "mostly tensors: the TF CPU:0 allocator 40.0 MiB of 61.7 MiB"
+    # tensors served from TensorFlow's pool: the allocator's figure is the peak, RSS barely moved
+    assert what_used(reading(0.5, 80.0)) == "mostly tensors: the TF CPU:0 allocator 80.0 MiB of 80.0 MiB"
+    assert what_used(reading(40.0, None)).endswith("host RSS 40.0 MiB of 40.0 MiB")

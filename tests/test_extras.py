@@ -1,5 +1,6 @@
 """The ``scenarios`` extra holds what the main job needs and nothing else; the ``test`` extra keeps
-the rest. (What each install weighs and takes: ``python -m benchmarks.quick_start``.)"""
+the rest; no extra but ``test`` names TensorFlow, which the main job gets from
+``requirements/tensorflow.txt``. (What each install weighs and takes: ``python -m benchmarks.quick_start``.)"""
 
 from __future__ import annotations
 
@@ -23,11 +24,30 @@ def extra(name: str) -> set[str]:
     return {re.split(r"[<>=\[ ;]", requirement, maxsplit=1)[0].lower() for requirement in listed}
 
 
+TENSORFLOW = {"tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly"}
+
+
+def requirements(path: Path) -> set[str]:
+    lines = [line.split("#", 1)[0].strip() for line in path.read_text().splitlines()]
+    return {re.split(r"[<>=\[ ;]", line, maxsplit=1)[0].lower() for line in lines if line}
+
+
 def test_the_scenarios_extra_brings_no_pytorch_no_linter_and_no_plugin_that_changes_a_session():
     light = extra("scenarios")
-    assert light == {"numpy", "tensorflow-cpu", "tensorflow", "jax", "pytest-xdist"}  # tensorflow off Linux x86_64
+    assert light == {"numpy", "jax", "pytest-xdist"}
+    assert requirements(REPOSITORY / "requirements" / "tensorflow.txt") == {"tensorflow-cpu", "tensorflow"}
     assert "pytest-randomly" in extra("test")  # it shuffles every run of an environment: the tests' only
-    assert light - {"tensorflow-cpu"} <= extra("test")  # the tests need what the main job needs
+    assert light <= extra("test")  # the tests need what the main job needs
+
+
+def test_no_extra_for_a_projects_own_environment_brings_a_second_tensorflow():
+    """One that has TensorFlow already, from any wheel, gets no other from an extra
+    (tests/test_first_hour.py follows the README's line in such an environment)."""
+    data = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())
+    for name in data["project"]["optional-dependencies"]:
+        if name != "test":  # this project's own tests: tf-keras requires the full wheel anyway
+            assert not extra(name) & TENSORFLOW, name
+    assert not extra("") & TENSORFLOW
 
 
 # A module the scenarios import -> the distribution that brings it (Keras comes with TensorFlow)
@@ -38,7 +58,7 @@ OPTIONAL = {"tensorflow_model_optimization", "tf_keras"}
 
 
 def test_every_module_the_scenarios_import_comes_with_the_scenarios_extra():
-    brought = extra("") | extra("scenarios") | {"pytest-tfmem"}
+    brought = extra("") | extra("scenarios") | requirements(REPOSITORY / "requirements" / "tensorflow.txt") | {"pytest-tfmem"}
     for path in sorted((REPOSITORY / "scenarios").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (

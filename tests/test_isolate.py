@@ -59,7 +59,7 @@ def test_the_watchdog_kills_at_kill_at_and_the_session_goes_on(
     result.stdout.fnmatch_lines(
         [
             "*tfmem: killed at kill_at 200MB (190.7 MiB): the isolated test's process tree reached * MiB after * s",
-            f"process tree RSS: last * MiB, peak * MiB (sampled); the child's own peak * MiB (from {platforms.current().marks_named}); after * s",
+            f"the process tree (the test's process and every process it started, which kill_at counts): last * MiB, peak * MiB (sampled); of it, the test's own process at most * MiB (from {platforms.current().marks_named}); after * s",
             "timeline: *s * MiB, *",
             "available memory * of * (*)",
             "FAILED *::test_allocates_past_kill_at*",
@@ -111,7 +111,7 @@ def test_deaths_by_signal_fail_their_test_with_the_signal_and_readings(
     result.stdout.fnmatch_lines(
         [
             "*tfmem: the isolated test's process was killed by SIGKILL (not sent by pytest-tfmem): *OOM killer*",
-            f"process tree RSS: last *, peak * MiB (sampled); the child's own peak * MiB (from {platforms.current().marks_named}); after * s",
+            f"the process tree (the test's process and every process it started, which kill_at counts): last *, peak * MiB (sampled); of it, the test's own process at most * MiB (from {platforms.current().marks_named}); after * s",
         ]
     )
     result.stdout.fnmatch_lines(

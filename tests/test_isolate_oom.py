@@ -128,7 +128,7 @@ def test_the_oom_killer_kills_an_isolated_test_and_the_session_goes_on(
         [
             "*tfmem: the isolated test's process was killed by SIGKILL (not sent by pytest-tfmem): the kernel's "
             "OOM killer: out of memory (this cgroup's oom_kill count rose by 1)",
-            "process tree RSS: last *, peak * MiB (sampled)*",
+            "the process tree (the test's process and every process it started, which kill_at counts): last *, peak * MiB (sampled)*",
             "*available memory at the last reading: * of 1.0 GiB (cgroup v1 memory.limit_in_bytes *)",
         ]
     )

@@ -51,7 +51,14 @@ from pytest_tfmem.core.retained import RERUN, RERUN_BOOKING, Booking, Boundary, 
 from pytest_tfmem.core.subtests import SubtestFigure, SubtestWindows
 from pytest_tfmem.core.summary import HeaviestTests, render_table, section_text
 from pytest_tfmem.core.timeout import timeout_note
-from pytest_tfmem.core.verdict import WHAT_USED, Verdict, check_budget, describe_views, what_used_line
+from pytest_tfmem.core.verdict import (
+    PEAK_CHECKS,
+    WHAT_USED,
+    Verdict,
+    check_budget,
+    describe_views,
+    what_used_line,
+)
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for, session_configured
 from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.frameworks.native_log import HeldLog
@@ -197,6 +204,7 @@ class TfmemManager:
         self.collector = Collector(host.current_rss)
         self.subtests = SubtestWindows(self.trackers)
         self.first_reruns = attempts.FirstReruns()
+        self._keras_said = False  # the Keras backend's header line (``_keras_backend_line``)
         declarations = features.declared(config)
         self.marker_keywords: dict[str, features.KeywordParser] = {}
         for declared in declarations:
@@ -431,7 +439,7 @@ class TfmemManager:
             lines = [f"tfmem: {v.message}" for v in failed]
             if record.confirmation is not None:  # both runs' figures
                 lines.append(record.confirmation.reproduced_line())
-            if record.measurement is not None and any(v.check == "budget" for v in failed):
+            if record.measurement is not None and any(v.check in PEAK_CHECKS for v in failed):
                 explained = record.extra.get("explain")
                 largest = explained.get("largest") if isinstance(explained, dict) else None
                 lines.append(f"tfmem: {what_used_line(record.measurement, largest)}")
@@ -440,7 +448,7 @@ class TfmemManager:
     @pytest.hookimpl
     def pytest_report_header(self) -> list[str]:
         """How a measured session reads memory on this platform, what the platform does not give
-        (one line), and the Keras backend it runs on."""
+        (one line), and the Keras backend it runs on where Keras is loaded already."""
         if not self.measure_all:
             return []
         platform = platforms.current()
@@ -448,14 +456,22 @@ class TfmemManager:
         missing = platform.missing()
         if missing:
             lines.append(f"tfmem: not on {platform.name}: " + "; ".join(f"{m.feature} ({m.why})" for m in missing))
-        backend, source = frameworks.keras_backend()
-        return [*lines, f"tfmem: Keras backend {backend} ({source})", *self._missing_view_lines()]
+        return [*lines, *self._keras_backend_line(), *self._missing_view_lines()]
 
     @pytest.hookimpl
     def pytest_report_collectionfinish(self) -> list[str]:
-        """The views the frameworks the test modules loaded cannot give (the header's, where they
-        were loaded after it)."""
-        return self._missing_view_lines() if self.measure_all else []
+        """The Keras backend and the views the frameworks the test modules loaded cannot give (the
+        header's, where they were loaded after it)."""
+        return [*self._keras_backend_line(), *self._missing_view_lines()] if self.measure_all else []
+
+    def _keras_backend_line(self) -> list[str]:
+        """``tfmem: Keras backend jax (KERAS_BACKEND)``, once, and only in a session that loaded Keras
+        (a notebook of NumPy under nbmake has nothing to say of it)."""
+        if self._keras_said or "keras" not in sys.modules:
+            return []
+        self._keras_said = True
+        backend, source = frameworks.keras_backend()
+        return [f"tfmem: Keras backend {backend} ({source})"]
 
     def _missing_view_lines(self) -> list[str]:
         if self._missing_views_said or processes.role(self.config) is processes.Role.WORKER:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pytest_tfmem import frameworks
 from pytest_tfmem.core.measure import Measurement
-from pytest_tfmem.core.retained import CHILDREN_VIEW
+from pytest_tfmem.core.retained import CHILDREN_VIEW, Retained
 from pytest_tfmem.units import format_limit, format_size
 
 
@@ -64,18 +64,29 @@ def mostly_processes(measurement: Measurement) -> bool:
 
 
 def what_used(measurement: Measurement) -> str:
-    """The kind of memory that made most of a test's peak, in words: the processes it started,
-    tensors in a framework's host allocator, or host memory outside the frameworks' allocators."""
+    """The kind of memory that made most of a test's peak, in words, by the figures the same
+    message prints: the processes it started, tensors in a framework's host allocator, or host
+    memory outside the frameworks' allocators. Host RSS counts the allocator's memory too: what
+    lies outside is host RSS less the allocator's share, and the words never say "mostly" of a part
+    the figures show is not the larger."""
     peak = measurement.peak
     if measurement.children is not None and mostly_processes(measurement):
         return (f"mostly the {measurement.children.named()} ({format_size(measurement.children_peak)} of "
                 f"{format_size(peak)})")
     pooled = max((v for v in measurement.views if frameworks.is_host_view(v.view)), key=lambda v: v.increase,
                  default=None)
-    if pooled is not None and pooled.increase * 2 >= peak:
-        return f"mostly tensors: the {view_label(pooled.view)} {format_size(pooled.increase)} of {format_size(peak)}"
-    return (f"mostly host memory outside the frameworks' allocators (NumPy arrays, Python objects, native "
-            f"libraries): host RSS {format_size(measurement.host)} of {format_size(peak)}")
+    tensors = pooled.increase if pooled is not None else 0
+    outside = max(0, measurement.host - tensors)
+    kinds = "NumPy arrays, Python objects, native libraries"
+    if pooled is None or tensors == 0:
+        return (f"mostly host memory outside the frameworks' allocators ({kinds}): host RSS "
+                f"{format_size(measurement.host)} of {format_size(peak)}")
+    label = view_label(pooled.view)
+    if tensors >= outside:
+        return f"mostly tensors: the {label} {format_size(tensors)} of {format_size(peak)}"
+    return (f"mostly host memory outside the frameworks' allocators ({kinds}): {format_size(outside)} of "
+            f"{format_size(peak)} (host RSS {format_size(measurement.host)}, less the {label}'s "
+            f"{format_size(tensors)})")
 
 
 def what_used_line(measurement: Measurement, largest_line: dict[str, object] | None) -> str:
@@ -93,3 +104,23 @@ def what_used_line(measurement: Measurement, largest_line: dict[str, object] | N
     shown = os.path.relpath(where) if os.path.isabs(where) and where.startswith(os.getcwd() + os.sep) else where
     return (f"{WHAT_USED}{kind}; the line that needed the most: {shown}:"
             f"{largest_line.get('line')} `{largest_line.get('contents')}` {size}").rstrip()
+
+
+# The checks on a test's peak: under their failure, what used the memory (``what_used_line``).
+PEAK_CHECKS = frozenset({"budget", "baseline", "history"})
+
+
+def what_kept_line(retained: Retained) -> str:
+    """The line under a failure on what a test left behind, by the figures of its message: tensors
+    still alive in TensorFlow's pool, processes still running, or host memory outside the pool,
+    and where to see what holds it."""
+    processes = retained.after.children - retained.before.children
+    host = retained.host_bytes - processes
+    parts = {"tensors still alive in TensorFlow's pool": retained.tf_bytes,
+             "processes it started, still running": processes,
+             "host memory outside TensorFlow's pool (Python objects, NumPy arrays, caches)": host}
+    kind, size = max(parts.items(), key=lambda part: part[1])
+    where = ("`what stayed` above names the objects that hold it" if retained.stayed else
+             "--tfmem-stayed-threshold=SIZE names the objects that hold what a test keeps beyond SIZE")
+    kept, whole = format_size(size, signed=True), format_size(retained.bytes, signed=True)
+    return f"{WHAT_USED}mostly {kind}: {kept} of {whole}; {where}"

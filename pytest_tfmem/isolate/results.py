@@ -142,7 +142,9 @@ def sampled_measurement(result: WatchResult, call_start_rss: int | None, interva
         return None
     peak = max(result.peak_rss, result.child_peak_rss)
     view = ViewReading("host", call_start_rss, max(peak, call_start_rss), result.last_rss)
-    note = f"the test died: its process tree was sampled every {interval_s * 1000:.0f} ms by the watchdog"
+    note = (f"the test died: its figure is its process tree's peak, {format_size(max(peak, call_start_rss))}, "
+            f"above the tree's size as its call began, {format_size(call_start_rss)}; the tree was sampled every "
+            f"{interval_s * 1000:.0f} ms by the watchdog")
     return Measurement((view,), result.elapsed_s, SAMPLED, platforms.current().counts, notes=(note,))
 
 
@@ -168,9 +170,10 @@ def watch_summary_lines(result: WatchResult) -> list[str]:
     """The watchdog's readings a failure message shows: last, peak, elapsed, timeline."""
     lines = [
         (
-            f"process tree RSS: last {format_size(result.last_rss)}, peak {format_size(result.peak_rss)} "
-            f"(sampled); the child's own peak {format_size(result.child_peak_rss)} "
-            f"(from {platforms.current().marks_named}); after {result.elapsed_s:.2f} s"
+            f"the process tree (the test's process and every process it started, which kill_at counts): last "
+            f"{format_size(result.last_rss)}, peak {format_size(result.peak_rss)} (sampled); of it, the test's own "
+            f"process at most {format_size(result.child_peak_rss)} (from {platforms.current().marks_named}); after "
+            f"{result.elapsed_s:.2f} s"
         ),
     ]
     if result.timeline:

@@ -54,7 +54,7 @@ from pytest_tfmem.core.retained import (
     current_level,
     read_collected_level,
 )
-from pytest_tfmem.core.verdict import Verdict
+from pytest_tfmem.core.verdict import Verdict, what_kept_line
 from pytest_tfmem.errors import TfmemFailure, failure_for
 from pytest_tfmem.probes import children, host
 from pytest_tfmem.session.stayed import Snapshot, Stayed, Watcher
@@ -268,6 +268,7 @@ class SessionBooks:
         if not failed or failed_already:  # one outcome a test: the call's failure names these too
             return None
         shown = [f"tfmem: {v.message}" for v in failed] + ([span.reproduced] if span.reproduced else [])
+        shown.append(f"tfmem: {what_kept_line(record.retained)}")
         return failure_for(failed[0].check, "\n".join(shown))
 
     # What a test leaves behind, confirmed while its fixtures still stand (``core.confirm``)
