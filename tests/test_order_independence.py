@@ -142,3 +142,42 @@ def test_a_window_skips_the_second_trim_only_where_no_fixture_ran_since_the_boun
     trims = int((pytester.path / "trims.txt").read_text())
     # a boundary per test (and the first test's start), and one more window start where a fixture ran
     assert trims <= 4 + 1 + 1 + 2, trims
+
+
+SMALL_TESTS_AND_ONE_THAT_FREES = """
+import pytest
+
+
+@pytest.mark.parametrize("index", range(200))
+def test_small(index):
+    assert len([bytearray(100) for _ in range(100)]) == 100
+
+
+def test_frees_what_it_made():
+    made = [bytearray(1000) for _ in range(60_000)]  # ~60 MB in glibc's heap, freed: resident until handed back
+    del made
+
+
+def test_after_it():
+    made = [bytearray(1000) for _ in range(50_000)]  # ~50 MB: would fit in what the test before freed
+    assert len(made) == 50_000
+"""
+
+
+@pytest.mark.linux  # glibc's malloc_trim
+def test_trims_between_tests_are_skipped_where_they_give_nothing_back_and_done_after_a_test_that_rose(pytester):
+    """A trim walks every free chunk of the heap: between small tests that give nothing back most
+    are skipped (at most 16 in a row); after a test that rose 4 MiB or more one is always done, so
+    the next test cannot reuse what it freed unseen."""
+    pytester.makeconftest(COUNT_TRIMS)
+    pytester.makepyfile(test_trims=SMALL_TESTS_AND_ONE_THAT_FREES)
+    reports = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--tfmem-report={reports}",
+                                           "-p", "no:randomly")
+    result.assert_outcomes(passed=202)
+    import json
+
+    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(reports.read_text())["tests"]}
+    assert tests["test_after_it"]["measurement"]["peak"] > 45 * 2**20  # not read as ~0: the heap was trimmed before it
+    trims = int((pytester.path / "trims.txt").read_text())
+    assert 202 / 17 <= trims <= 40, trims  # a trim every 16 tests at least, and not one a test

@@ -236,6 +236,7 @@ class TfmemManager:
         self.last_boundary: Boundary | None = None
         self._fixture_setups = 0  # fixtures set up so far (``pytest_fixture_setup``)
         self._collected_at: int | None = None  # that count when the books last collected the process
+        self._fixtures_at_window: int | None = None  # that count when the last test's window opened
         remove_inherited_ledgers()
 
     def add_reader(self, kind: type[R], factory: Callable[[], R]) -> None:
@@ -543,7 +544,12 @@ class TfmemManager:
         ran = self.prepare_and_warm_up(item)
         # A collection and malloc_trim walk the whole heap (a trim ~2.7 ms in a 1.3 GiB process): not
         # twice in a row with nothing in between (docs/measurement.md, "What measuring costs").
-        monitor = self._new_monitor(release_first=ran or not self._collected_since_fixtures())
+        # A fixture set up since the last window may have freed what an earlier test made: then the
+        # trim is done whatever it gave back before; otherwise it is done where it pays (host.HeapTrims).
+        between_tests = not ran and self._fixtures_at_window == self._fixture_setups
+        self._fixtures_at_window = self._fixture_setups
+        monitor = self._new_monitor(release_first=ran or not self._collected_since_fixtures(),
+                                    between_tests=between_tests)
         item.stash[MONITOR] = monitor
         if RECORD in item.stash:  # an earlier attempt's (pytest-rerunfailures)
             del item.stash[RECORD]
@@ -579,11 +585,11 @@ class TfmemManager:
         self.collector.collect()
         return read_collected_level()
 
-    def _new_monitor(self, release_first: bool = True) -> Monitor:
-        """A test's window: garbage collected first (``release_first``: unless that was just done),
-        host and TensorFlow memory sampled together too."""
+    def _new_monitor(self, release_first: bool = True, between_tests: bool = False) -> Monitor:
+        """A test's window: garbage collected first (``release_first``: unless that was just done;
+        ``between_tests``: its trim where it pays), host and TensorFlow memory sampled together too."""
         return Monitor(release_first=release_first, collect=self.collector.collect, sample_mixed=True,
-                       trackers=self.trackers())
+                       trackers=self.trackers(), between_tests=between_tests)
 
     def rerun_to_confirm(self, item: pytest.Item, record: TestRecord, error: BaseException | None) -> None:
         """Run the body once more where a verdict on the test's figures must reproduce to stand, or

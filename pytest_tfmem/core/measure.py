@@ -380,8 +380,10 @@ class Monitor:
         collect: Callable[[], object] = gc.collect,
         sample_mixed: bool = False,
         trackers: Sequence[PeakTracker] = (),
+        between_tests: bool = False,
     ) -> None:
         self.release_first = release_first
+        self.between_tests = between_tests  # a test's window: its trim is done where it pays (``host.HeapTrims``)
         self.collect = collect
         self.sample_mixed = sample_mixed  # the per-test window: also sample host + TF memory held at once
         self.trackers = tuple(trackers)
@@ -393,7 +395,7 @@ class Monitor:
 
     def start(self) -> Monitor:
         if self.release_first:
-            host.release_freed_memory(self.collect)
+            host.release_freed_memory(self.collect, between_tests=self.between_tests)
         self._windows = [(tracker, tracker.open()) for tracker in (*probes().trackers(), *self.trackers)]
         self._arm_mixed()
         probes().monitors.append(self)

@@ -146,9 +146,13 @@ class ResidentPool:
         return Level(reading.rss, reading.tf_in_use, resident, reading.children, reading.processes)
 
 
-def read_collected_level() -> Level:
-    """The process once its garbage was collected: freed heap handed back, then read."""
-    host.return_freed_heap()
+def read_collected_level(between_tests: bool = False) -> Level:
+    """The process once its garbage was collected: freed heap handed back (``between_tests``: where
+    it pays, ``probes.host.HeapTrims``), then read."""
+    if between_tests:
+        host.trims().between_tests()
+    else:
+        host.return_freed_heap()
     return current_level()
 
 

@@ -47,14 +47,78 @@ def return_freed_heap() -> None:
     platforms.current().release_freed_heap()
 
 
-def release_freed_memory(collect: Callable[[], object] = gc.collect) -> None:
+# When the trims between tests may be skipped (``HeapTrims``): a window that rose this far above
+# the level of the last trim is always followed by one; otherwise, while trims give back less than
+# ``TRIM_YIELD``, the next ones are skipped, twice as many each time, up to ``TRIM_SKIPS_AT_MOST``.
+TRIM_AFTER_RISE = 4 * 2**20
+TRIM_YIELD = 2**20
+TRIM_SKIPS_AT_MOST = 16
+
+
+class HeapTrims:
+    """The trims between tests, done where they pay.
+
+    ``malloc_trim(0)`` walks every free chunk of every arena: a real TensorFlow process's heap is
+    many small chunks across its threads' arenas, and a trim took 2.7 ms there (33 ms in a heap of
+    200,000 free chunks), most of it finding nothing it can give back. What a trim keeps true is
+    that freed memory does not stay resident for the next test to reuse unseen (its peak would read
+    low) nor count as kept (a retained figure would read high). So a trim always follows a window
+    that rose ``TRIM_AFTER_RISE`` or more above the level after the last one (what it freed may be
+    that much); after one that rose less, at most that much of the freed memory it made can stay
+    resident. Otherwise trims are skipped while they give nothing back: after a trim that gave back
+    less than ``TRIM_YIELD``, the next trims are skipped, one, then two, then four... up to
+    ``TRIM_SKIPS_AT_MOST``; one that gives back more starts over. Memory a test frees that an
+    earlier one allocated, without rising, can so stay resident until the next trim, at most
+    ``TRIM_SKIPS_AT_MOST`` tests later (docs/measurement.md, "What measuring costs").
+    """
+
+    def __init__(self) -> None:
+        self._after: int | None = None  # the level after the last trim
+        self._skips = 0  # how many to skip after the last trim
+        self._skipped = 0
+        self.trims = 0
+        self.skipped = 0
+
+    def due(self) -> bool:
+        if self._after is None or self._skipped >= self._skips:
+            return True
+        mark = platforms.current().peak_mark()  # the highest level since the window opened
+        return mark is None or mark - self._after >= TRIM_AFTER_RISE
+
+    def between_tests(self) -> None:
+        """A trim, where ``due``; otherwise count the skip."""
+        if not self.due():
+            self._skipped += 1
+            self.skipped += 1
+            return
+        before = current_rss()
+        return_freed_heap()
+        self._after = current_rss()
+        self._skips = 0 if before - self._after >= TRIM_YIELD else min(max(1, 2 * self._skips), TRIM_SKIPS_AT_MOST)
+        self._skipped = 0
+        self.trims += 1
+
+
+_trims = HeapTrims()
+
+
+def trims() -> HeapTrims:
+    """This process's ``HeapTrims``."""
+    return _trims
+
+
+def release_freed_memory(collect: Callable[[], object] = gc.collect, *, between_tests: bool = False) -> None:
     """Collect garbage (with ``collect``) and hand freed heap back to the OS.
 
     Without this, memory freed by an earlier test stays in the C allocator's arenas and a later
-    test reuses it without raising RSS, so its measured peak depends on test order.
+    test reuses it without raising RSS, so its measured peak depends on test order. Between two
+    tests (``between_tests``) the trim is done where it pays (``HeapTrims``).
     """
     collect()
-    return_freed_heap()
+    if between_tests:
+        _trims.between_tests()
+    else:
+        return_freed_heap()
 
 
 def swapped_bytes() -> int:

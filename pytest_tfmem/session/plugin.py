@@ -168,7 +168,8 @@ class SessionBooks:
         # A fixture torn down whose value pytest still holds: booked at the next reading.
         self._torn_down: tuple[pytest.FixtureDef[Any], Level] | None = None
 
-    def _read(self, before_freeze: Callable[[], object] | None = None, weighed: _Weighed | None = None) -> Level:
+    def _read(self, before_freeze: Callable[[], object] | None = None, weighed: _Weighed | None = None,
+              between_tests: bool = False) -> Level:
         """The process after a collection (``before_freeze``: see ``Collector.collect``). Where
         ``before_freeze`` weighed the test (``weighed``) and neither a full collection nor the
         look at what stayed came after its reading, that reading is the level: only the freeze
@@ -178,7 +179,7 @@ class SessionBooks:
         collector.collect(before_freeze)
         reading = weighed.reading if weighed is not None and weighed.stayed is None and not weighed.failed else None
         if reading is None or collector.full_collections != full_collections:
-            reading = read_collected_level()
+            reading = read_collected_level(between_tests)
         level = self._pool.level(reading)
         manager(self.config).note_collected()
         if self._torn_down is not None:
@@ -238,7 +239,7 @@ class SessionBooks:
             before_clearing = self._read()
             cleared_by = frameworks.clear()
         weighed = _Weighed()
-        level = self._read(functools.partial(self._what_stayed, item, self._span, weighed), weighed)
+        level = self._read(functools.partial(self._what_stayed, item, self._span, weighed), weighed, between_tests=True)
         ended = ended_processes(self._span.before, level, self._span.ended_in_fixtures)
         if ended is not None:
             self._span.bookings.append(ended)
@@ -325,7 +326,7 @@ class SessionBooks:
         )
         if threshold is None:
             return
-        host.return_freed_heap()
+        host.trims().between_tests()  # where it pays (``host.HeapTrims``)
         weighed.reading = current_level()
         now = self._pool.level(weighed.reading, keep=False)
         booked = sum(booking.bytes for booking in span.bookings)
