@@ -365,11 +365,14 @@ def test_one_commit_that_read_low_is_no_best_level_to_creep_from():
 
 
 def test_the_creep_sentence_never_names_a_rise_larger_than_the_whole_change():
-    found = creep(points([20 * MIB, 20 * MIB, 30 * MIB, 24 * MIB, 24 * MIB]))
+    found = creep(points([20 * MIB, 20 * MIB, 20 * MIB, 30 * MIB, 24 * MIB, 24 * MIB, 24 * MIB]))
     assert found is not None and found.describe() == (
-        "+20.0% over 3 commits (20.0 MiB at c001 -> 24.0 MiB at c004), the largest rise +50.0% (at c002), "
+        "+20.0% over 3 commits (20.0 MiB at c002 -> 24.0 MiB at c005), the largest rise +50.0% (at c003), "
         "partly undone since"
     )
+    # a creep inside the series' noise names no rise: 0.2 MiB over a series that moves by 0.5 MiB
+    noisy = creep(points([value * MIB for value in [50.0, 50.5, 50.1, 50.4, 50.0, 50.5, 50.2]]))
+    assert noisy is not None and noisy.describe().endswith(")") and "rise" not in noisy.describe()
 
 
 def test_the_creep_sentence_over_one_commit_or_mostly_one_rise_reads_plainly():

@@ -210,7 +210,7 @@ class Creep:
         share = self.share
         amount = f"{share:+.1%}" if share is not None else format_size(int(self.change), signed=True)
         rises = ""
-        if self.rises:
+        if self.rises and self.change > NOISE_FACTOR * self.noise:  # a creep inside the noise has no rise to name
             commit, size, rise_share = self.rises[0]
             if size > UNDONE_SHARE * self.change:
                 rises = f", the largest rise {rise_share:+.1%} (at {short(commit)}), partly undone since"
