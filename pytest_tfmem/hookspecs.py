@@ -83,9 +83,10 @@ def pytest_tfmem_rerun_wanted(item: pytest.Item, record: TestRecord) -> RerunUse
     """The test failed a tfmem check: return a ``RerunUse`` to take part in one re-run of its
     body (what it gives, the context it sets up around the body), or ``None``.
 
-    When: right after the failed checks, before teardown. The body runs again at most once,
-    however many features ask, inside every use's ``around`` (see ``core.rerun.RerunUse``); the
-    same re-run confirms the failure or overturns it (``core.confirm``).
+    When: right after the failed checks, before teardown. The body runs again once, however many
+    features ask, inside every use's ``around`` (see ``core.rerun.RerunUse``); the same re-run
+    confirms the failure or overturns it (``core.confirm``). Where that re-run still settles
+    (``core.confirm.still_settling``), one more run follows, outside the uses, and is judged.
     Implemented by: trace (the TensorBoard trace), explain (the memory-by-line table).
     """
 

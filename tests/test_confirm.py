@@ -193,8 +193,8 @@ def test_a_failure_whose_re_run_reads_far_lower_rests_on_the_re_runs_figures(pyt
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "tfmem: peak [34]?.? MiB > budget 30MB (28.6 MiB) (host RSS [34]?.? MiB)",
-        "tfmem: reproduced by a re-run in the same process, [56]?.? MiB lower: first run *.? MiB, re-run [34]?.? MiB; "
-        "the verdict rests on the re-run's figures, and the rest was paid once by the process",
+        "tfmem: reproduced by a re-run in the same process, [56]?.? MiB lower: first run *.? MiB, re-run [34]?.? MiB, "
+        "then re-run [34]?.? MiB; the verdict rests on the re-run's figures, and the rest was paid once by the process",
     ])
     (test,) = json.loads((pytester.path / "r.json").read_text())["tests"]
     assert test["confirmation"]["reproduced"] is True and test["confirmation"]["rerun_kept"] is True
@@ -314,3 +314,38 @@ def test_the_explained_share_never_exceeds_all_and_no_pool_is_named_without_one(
     pooled = ProcessAccount(None)
     pooled.add("t.py::test_a", Retained(Level(100 * MIB, 0, 8 * MIB), Level(150 * MIB, 0, 8 * MIB), seq=1))
     assert process_line(pooled).endswith("explained by tests, fixtures, imports and the pool")
+
+
+TWO_RUNS_TO_WARM = """
+import numpy as np
+
+CACHES = []
+
+
+def test_warms_in_two_runs():
+    \"\"\"Its first run fills one cache (60 MiB), its second another (20 MiB): only its third needs
+    no more than its own 1 MiB.\"\"\"
+    if len(CACHES) < 2:
+        CACHES.append(np.ones((60 if not CACHES else 20) * 2**20, dtype=np.uint8))
+    block = np.ones(2**20, dtype=np.uint8)
+    del block
+"""
+
+
+def test_a_re_run_that_still_settles_is_followed_by_one_more_and_judged_on_it(pytester: pytest.Pytester,
+                                                                             runs_dir: Path) -> None:
+    pytester.makepyfile(test_settles=TWO_RUNS_TO_WARM)
+    result = pytester.runpytest("-p", "no:randomly", "--tfmem-budget=15MB", "--tfmem-report=r.json", "-rA")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "re-run in the same process to confirm (budget): it did not reproduce (first run 6?.? MiB (host RSS *), "
+        "re-run 2?.? MiB, then re-run ?.? MiB (host RSS *)); the verdict is the re-run's, *",
+    ])
+    (test,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    confirmation = test["confirmation"]
+    assert 19 * MIB < confirmation["settling_peak"] < 23 * MIB and confirmation["rerun_peak"] < 3 * MIB
+    # a re-run that fails again at about the first run's figure is not run once more
+    pytester.makepyfile(test_settles=ONE_TIME)
+    again = pytester.runpytest("-p", "no:randomly", "--tfmem-budget=40MB", "--tfmem-report=r.json", "-k", "every_time")
+    again.assert_outcomes(failed=1)
+    assert json.loads((pytester.path / "r.json").read_text())["tests"][0]["confirmation"]["settling_peak"] is None

@@ -36,6 +36,18 @@ RUNS_DIFFER = parse_tolerance(DEFAULT_MIN_STEP)
 def runs_differ(first: int, again: int) -> bool:
     """The re-run read ``again`` lower than the first run's ``first`` by more than ``RUNS_DIFFER``."""
     return first - again > RUNS_DIFFER.allowance(first)
+
+
+# A re-run still settles where it read this much below the first run (a share of it, at least
+# ``SETTLING_AT_LEAST``): a test whose one-time costs take two runs to pay (a cache its second run
+# fills in turn) is judged on a third run where the second still fails.
+SETTLING_SHARE = 0.25
+SETTLING_AT_LEAST = 2**20
+
+
+def still_settling(first: int, again: int) -> bool:
+    """The re-run's ``again`` lies far below the first run's ``first``: more may be one-time."""
+    return first - again > max(SETTLING_AT_LEAST, SETTLING_SHARE * first)
 # The checks on a test's figures: a re-run gives them a second figure to judge.
 FIGURE_CHECKS = frozenset({"budget", "baseline", "history", "gpu_budget"})
 
@@ -109,6 +121,9 @@ class Confirmation:
     rerun_parts: str = ""
     taken: tuple[str, ...] = ()
     rerun_kept: bool = False
+    # Where the re-run still settled (``still_settling``) and a third run was judged instead: the
+    # second run's figure; ``rerun_peak`` is then the third's.
+    settling_peak: int | None = None
 
     @property
     def one_time_bytes(self) -> int:
@@ -120,7 +135,8 @@ class Confirmation:
         """Under a failure that stands: ``tfmem: reproduced by a re-run in the same process: first
         run 80.0 MiB, re-run 79.9 MiB``."""
         taken = " with the first run's figures for what it could not read" if self.taken else ""
-        runs = f"first run {format_size(self.first_peak)}, re-run {format_size(self.rerun_peak)}{taken}"
+        settling = "" if self.settling_peak is None else f"re-run {format_size(self.settling_peak)}, then "
+        runs = f"first run {format_size(self.first_peak)}, {settling}re-run {format_size(self.rerun_peak)}{taken}"
         if self.rerun_kept:
             return (f"{REPRODUCED}, {format_size(self.one_time_bytes)} lower: {runs}; the verdict rests on the "
                     "re-run's figures, and the rest was paid once by the process")
@@ -130,7 +146,9 @@ class Confirmation:
         """``first run 53.3 MiB (host RSS 4.0 KiB, 1 process it started 53.3 MiB), re-run ...``."""
         first = f" ({self.first_parts})" if self.first_parts else ""
         again = f" ({self.rerun_parts})" if self.rerun_parts else ""
-        return f"first run {format_size(self.first_peak)}{first}, re-run {format_size(self.rerun_peak)}{again}"
+        settling = "" if self.settling_peak is None else f"re-run {format_size(self.settling_peak)}, then "
+        last = f"re-run {format_size(self.rerun_peak)}{again}"
+        return f"first run {format_size(self.first_peak)}{first}, {settling}{last}"
 
     def note(self) -> str:
         """The line of the test's section."""
@@ -164,6 +182,7 @@ class Confirmation:
             "rerun_parts": self.rerun_parts,
             "taken_from_first_run": list(self.taken),
             "rerun_kept": self.rerun_kept,
+            "settling_peak": self.settling_peak,
         }
 
     @classmethod
@@ -171,7 +190,8 @@ class Confirmation:
         return cls(int(data["first_peak"]), int(data["rerun_peak"]), tuple(data.get("asked_by", ())),
                    bool(data["reproduced"]), str(data.get("first_parts", "")), str(data.get("rerun_parts", "")),
                    tuple(data.get("taken_from_first_run", ())),
-                   bool(data.get("rerun_kept", not data["reproduced"])))
+                   bool(data.get("rerun_kept", not data["reproduced"])),
+                   None if data.get("settling_peak") is None else int(data["settling_peak"]))
 
 
 @dataclass(frozen=True)

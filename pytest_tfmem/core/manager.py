@@ -29,6 +29,7 @@ from pytest_tfmem.core.confirm import (
     comparable_rerun,
     confirmable,
     runs_differ,
+    still_settling,
 )
 from pytest_tfmem.core.failsafe import warn_instead
 from pytest_tfmem.core.features import CallStep, Step, Summary, TeardownStep
@@ -41,6 +42,7 @@ from pytest_tfmem.core.record_store import RecordStore
 from pytest_tfmem.core.rerun import (
     RERUN_KEYWORD,
     Rerun,
+    RerunResult,
     RerunUse,
     read_output,
     rerun_refusal,
@@ -641,8 +643,16 @@ class TfmemManager:
             else:
                 gc.collect()
             before = self._collected_level()
+        settling_from = None
         with warn_instead(item, f"the re-run of {item.nodeid} failed"), separate_output(item):
             self._rerun(item, rerun)
+            if to_confirm and self._still_settling(item, record, rerun.result):
+                # the re-run read far below the first run and still fails: what the first run paid once
+                # was not all paid by then (a cache the second run fills in turn); one more run settles it
+                assert rerun.result is not None and isinstance(item, pytest.Function)  # rerun_refusal let it through
+                settling_from = rerun.result.measurement
+                rerun.result = rerun_test_body(item, MONITOR, self._new_monitor())
+                rerun.output += read_output(item)
         if before is not None:  # what the second run kept is booked apart from the test's retained figure
             after = self._collected_level()
             item.stash[RERUN_BOOKING] = Booking.between(RERUN, "tfmem's re-run", f"of {item.nodeid}", before, after)
@@ -654,11 +664,33 @@ class TfmemManager:
                 record.notes.append(f"the first run's figure stands, unconfirmed: its re-run in the same process {why}")
                 record.unconfirmed = "; ".join(departures)
             else:
-                self._judge_rerun(item, record, result.measurement, tuple(departures))
+                self._judge_rerun(item, record, result.measurement, tuple(departures), settling_from)
         publish(item, record)
 
+    def _rerun_verdicts(
+        self, item: pytest.Item, record: TestRecord, judged: Measurement
+    ) -> tuple[TestRecord, dict[str, Verdict]]:
+        """The checks on a test's figures, applied to a re-run's measurement ``judged``."""
+        rerun_record = TestRecord(item.nodeid, judged, budget=record.budget, subtests=record.subtests)
+        verdicts = [check_budget(judged, record.budget)]
+        verdicts += self.config.hook.pytest_tfmem_check(item=item, record=rerun_record, error=None)
+        return rerun_record, {v.check: v for v in verdicts if v is not None and v.check in FIGURE_CHECKS}
+
+    def _still_settling(self, item: pytest.Item, record: TestRecord, result: RerunResult | None) -> bool:
+        """The re-run read far below the first run (``core.confirm.still_settling``) and still fails
+        a check the first run failed."""
+        first = record.measurement
+        if result is None or result.error is not None or first is None:
+            return False
+        judged = comparable_rerun(first, result.measurement).measurement
+        if not still_settling(first.peak, judged.peak):
+            return False
+        _, verdicts = self._rerun_verdicts(item, record, judged)
+        return any(not verdicts[v.check].ok for v in record.failed_verdicts if v.check in verdicts)
+
     def _judge_rerun(
-        self, item: pytest.Item, record: TestRecord, again: Measurement, departures: tuple[str, ...]
+        self, item: pytest.Item, record: TestRecord, again: Measurement, departures: tuple[str, ...],
+        settling_from: Measurement | None = None,
     ) -> None:
         """The verdict from the two runs: the re-run's where it passes (its figures are the record's,
         what the first run took beyond them booked as a one-time cost), the first's where the re-run
@@ -668,18 +700,16 @@ class TfmemManager:
         # What the re-run could not read as the first run did is the first run's (core.confirm).
         comparable = comparable_rerun(first, again)
         judged = comparable.measurement
-        rerun_record = TestRecord(item.nodeid, judged, budget=record.budget, subtests=record.subtests)
         # the re-run read lower by more than a step: the first run paid one-time costs beyond it
         lower = runs_differ(first.peak, judged.peak)
         if departures:
             asked_by = departures
+            rerun_record = TestRecord(item.nodeid, judged, budget=record.budget, subtests=record.subtests)
             departs_again = any(self.config.hook.pytest_tfmem_departure(item=item, record=rerun_record))
             reproduced = departs_again and not lower
         else:
             asked_by = tuple(verdict.check for verdict in record.failed_verdicts)
-            verdicts = [check_budget(judged, record.budget)]
-            verdicts += self.config.hook.pytest_tfmem_check(item=item, record=rerun_record, error=None)
-            rerun_verdicts = {v.check: v for v in verdicts if v is not None and v.check in FIGURE_CHECKS}
+            rerun_record, rerun_verdicts = self._rerun_verdicts(item, record, judged)
             # reproduced: the re-run fails a check the first run failed, not merely some check
             reproduced = any(not rerun_verdicts[check].ok for check in asked_by if check in rerun_verdicts)
             if not reproduced or lower:
@@ -688,7 +718,8 @@ class TfmemManager:
         rerun_kept = not reproduced or lower
         record.confirmation = Confirmation(first.peak, judged.peak, asked_by, reproduced,
                                            describe_views(first, name_largest=False),
-                                           describe_views(again, name_largest=False), comparable.taken, rerun_kept)
+                                           describe_views(again, name_largest=False), comparable.taken, rerun_kept,
+                                           settling_from.peak if settling_from is not None else None)
         if rerun_kept:  # the test's own need, warm; a verdict that stands on its first run keeps those figures
             record.measurement = dataclasses.replace(judged, first_imports=first.first_imports)
         record.notes.append(record.confirmation.note())
