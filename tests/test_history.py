@@ -327,7 +327,7 @@ def test_the_page_renders_in_a_headless_browser_with_the_step_at_its_commit(repo
                  "--test", "*test_step").returncode == 0
     shot = tmp_path / "shot.png"
     subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=800,400", page.as_uri()],
+                    f"--screenshot={shot}", "--window-size=800,700", page.as_uri()],
                    capture_output=True, timeout=120, check=True)
     image = Image.open(shot).convert("RGB")
     width, height = image.size

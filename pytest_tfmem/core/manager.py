@@ -664,7 +664,8 @@ class TfmemManager:
                 record.notes.append(f"the first run's figure stands, unconfirmed: its re-run in the same process {why}")
                 record.unconfirmed = "; ".join(departures)
             else:
-                self._judge_rerun(item, record, result.measurement, tuple(departures), settling_from)
+                traced = any(use.profiles for use in rerun.uses)
+                self._judge_rerun(item, record, result.measurement, tuple(departures), settling_from, traced)
         publish(item, record)
 
     def _rerun_verdicts(
@@ -690,7 +691,7 @@ class TfmemManager:
 
     def _judge_rerun(
         self, item: pytest.Item, record: TestRecord, again: Measurement, departures: tuple[str, ...],
-        settling_from: Measurement | None = None,
+        settling_from: Measurement | None = None, traced: bool = False,
     ) -> None:
         """The verdict from the two runs: the re-run's where it passes (its figures are the record's,
         what the first run took beyond them booked as a one-time cost), the first's where the re-run
@@ -700,8 +701,10 @@ class TfmemManager:
         # What the re-run could not read as the first run did is the first run's (core.confirm).
         comparable = comparable_rerun(first, again)
         judged = comparable.measurement
-        # the re-run read lower by more than a step: the first run paid one-time costs beyond it
-        lower = runs_differ(first.peak, judged.peak)
+        # the re-run read lower by more than a step: the first run paid one-time costs beyond it. A
+        # re-run under the profiler carries the tracer's own memory: it confirms or overturns, but a
+        # verdict that stands keeps the untraced first run's figures (docs/traces.md)
+        lower = runs_differ(first.peak, judged.peak) and not traced
         if departures:
             asked_by = departures
             rerun_record = TestRecord(item.nodeid, judged, budget=record.budget, subtests=record.subtests)
