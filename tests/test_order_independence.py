@@ -125,21 +125,26 @@ def pytest_sessionfinish(session):
 """
 
 
+def run_counting_trims(pytester, source: str, passed: int) -> tuple[dict[str, dict], int]:
+    """Run ``source`` measured, counting the trims: each test's report entry by name, and the trims."""
+    import json
+
+    pytester.makeconftest(COUNT_TRIMS)
+    pytester.makepyfile(test_trims=source)
+    reports = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--tfmem-report={reports}",
+                                           "-p", "no:randomly")
+    result.assert_outcomes(passed=passed)
+    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(reports.read_text())["tests"]}
+    return tests, int((pytester.path / "trims.txt").read_text())
+
+
 @pytest.mark.linux  # glibc's malloc_trim
 def test_a_window_skips_the_second_trim_only_where_no_fixture_ran_since_the_boundary(pytester):
     """Freed heap is handed back once between two tests (a trim walks the whole heap); a test whose
     own fixture freed memory still starts from a trimmed heap, so what it reuses is counted."""
-    pytester.makeconftest(COUNT_TRIMS)
-    pytester.makepyfile(test_freed=FREED_BY_A_FIXTURE)
-    reports = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--tfmem-report={reports}",
-                                           "-p", "no:randomly")
-    result.assert_outcomes(passed=4)
-    import json
-
-    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(reports.read_text())["tests"]}
+    tests, trims = run_counting_trims(pytester, FREED_BY_A_FIXTURE, passed=4)
     assert tests["test_reuses_what_its_fixture_freed"]["measurement"]["peak"] > 45 * 2**20  # not read as ~0
-    trims = int((pytester.path / "trims.txt").read_text())
     # a boundary per test (and the first test's start), and one more window start where a fixture ran
     assert trims <= 4 + 1 + 1 + 2, trims
 
@@ -169,15 +174,6 @@ def test_trims_between_tests_are_skipped_where_they_give_nothing_back_and_done_a
     """A trim walks every free chunk of the heap: between small tests that give nothing back most
     are skipped (at most 16 in a row); after a test that rose 4 MiB or more one is always done, so
     the next test cannot reuse what it freed unseen."""
-    pytester.makeconftest(COUNT_TRIMS)
-    pytester.makepyfile(test_trims=SMALL_TESTS_AND_ONE_THAT_FREES)
-    reports = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", f"--tfmem-report={reports}",
-                                           "-p", "no:randomly")
-    result.assert_outcomes(passed=202)
-    import json
-
-    tests = {test["nodeid"].split("::")[-1]: test for test in json.loads(reports.read_text())["tests"]}
+    tests, trims = run_counting_trims(pytester, SMALL_TESTS_AND_ONE_THAT_FREES, passed=202)
     assert tests["test_after_it"]["measurement"]["peak"] > 45 * 2**20  # not read as ~0: the heap was trimmed before it
-    trims = int((pytester.path / "trims.txt").read_text())
     assert 202 / 17 <= trims <= 40, trims  # a trim every 16 tests at least, and not one a test

@@ -2,9 +2,10 @@
 
 Under nbmake (a notebook, one test, in a kernel it starts) and nbval (a cell, one test, in a kernel
 started before the first cell), a measured test's figure includes the kernel: ``import numpy,
-keras`` in a first cell read 585 MiB before any of the notebook's own work. In a measured session
-where nbmake or nbval runs, tfmem writes each installed Python kernelspec again, in a folder of its
-own named first in ``JUPYTER_PATH``, with one argument more: ``--ext=pytest_tfmem.probes.process_books``.
+keras`` in a first cell read 585 MiB before any of the notebook's own work. Before the first
+notebook item of a measured session (a session that runs none pays nothing), tfmem writes each
+installed Python kernelspec again, in a folder of its own named first in ``JUPYTER_PATH``, with
+one argument more: ``--ext=pytest_tfmem.probes.process_books``.
 The kernels the runners start then book their start and each first import in ``TFMEM_PROCESS_BOOKS``
 (``probes.process_books``), and the windows leave those out of the kernel's figure, as a test
 process's own first imports are: the budget holds the notebook's own need, and the test's section
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from pytest_tfmem.core import processes, settings
+from pytest_tfmem.core import settings
 from pytest_tfmem.core.manager import manager
 from pytest_tfmem.probes.process_books import FOLDER
 
@@ -62,13 +63,17 @@ class KernelBooks:
         self.kernel = settings.read_option(config, NOTEBOOK_KERNEL)[0]
         self.folder: Path | None = None
         self._saved: dict[str, str | None] = {}
+        self._prepared = False  # the first notebook item came
+        self._notebooks = False  # the session collected notebook items
 
-    @pytest.hookimpl
-    def pytest_sessionstart(self) -> None:
-        tfmem = manager(self.config)
-        if not notebook_runner(self.config) or not tfmem.measure_all or self.kernel == WHOLE or FOLDER in os.environ:
+    @pytest.hookimpl(tryfirst=True)  # before pytest sets up the item's collectors: nbval starts its kernel there
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        """Before the first notebook item of a measured session (nbmake's, nbval's), once: a session
+        that runs no notebook pays nothing (reading the kernelspecs takes almost half a second)."""
+        if self._prepared or not is_notebook_item(item):
             return
-        if not processes.role(self.config).runs_tests:
+        self._prepared = True
+        if not manager(self.config).is_measured(item) or self.kernel == WHOLE or FOLDER in os.environ:
             return
         specs = python_kernelspecs()
         if not specs:
@@ -88,8 +93,13 @@ class KernelBooks:
         os.environ[name] = value
 
     @pytest.hookimpl
-    def pytest_report_header(self) -> list[str]:
-        if not manager(self.config).measure_all or not notebook_runner(self.config):
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self._notebooks = any(is_notebook_item(item) for item in items)
+
+    @pytest.hookimpl
+    def pytest_report_collectionfinish(self) -> list[str]:
+        """Said where notebooks are among the session's tests, and measured."""
+        if not self._notebooks or not manager(self.config).measure_all:
             return []
         if self.kernel == WHOLE:
             return ["tfmem: notebook kernels are held whole, their start and first imports included "
@@ -108,9 +118,9 @@ class KernelBooks:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def notebook_runner(config: pytest.Config) -> bool:
-    """nbmake or nbval runs in this session."""
-    return config.pluginmanager.has_plugin("nbmake") or config.pluginmanager.has_plugin("nbval")
+def is_notebook_item(item: pytest.Item) -> bool:
+    """A notebook (nbmake) or a notebook's cell (nbval), whose code runs in a kernel."""
+    return type(item).__module__.split(".", 1)[0] in ("nbmake", "nbval")
 
 
 def python_kernelspecs() -> dict[str, dict[str, Any]]:
