@@ -366,7 +366,9 @@ def test_replacement_processes_keep_books_and_the_crossing_names_retained_figure
     report = json.loads((tmp_path / "report.json").read_text())
     retained = {test["nodeid"]: test["retained_bytes"] for test in report["tests"]}
     assert len(retained) == 6  # the tests run in replacements too
-    assert all(78 * MiB < size < 84 * MiB for size in retained.values()), retained  # not the fixture's 100 MiB
+    # 80 MiB each, not the fixture's 100 MiB more; the first test of a process keeps besides what
+    # that process's first measured test makes once (up to +7.4 MiB read on a loaded 2-core machine)
+    assert all(78 * MiB < size < 90 * MiB for size in retained.values()), retained
     # The account: one process per replacement, each start -> end, and the books add up.
     session = report["session"]
     workers = [process["worker"] for process in session["workers"]]
