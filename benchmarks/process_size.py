@@ -10,8 +10,9 @@ suites: 200 trivial tests in a process of Python alone (at 0.2, 0.7 and 1.5 GiB)
 trivial tests in a TensorFlow/Keras process (which starts near 0.9 GiB: 1.5 GiB only), and small
 Keras tests on TensorFlow (``benchmarks/workloads/small_keras.py``, two copies). Each suite and size
 runs plain (``-p no:tfmem``) and with ``--tfmem-budget=64GB``, alternating, ``--rounds`` times; a
-plugin of this benchmark times each test's whole protocol (setup, call, teardown), and at the end
-of each measured session times the protocol's steps there, one by one (a young collection, a trim,
+plugin of this benchmark times each test's whole protocol (setup, call, teardown), and as the last
+test of each measured session begins, with the process still grown, times the protocol's steps
+there, one by one (a young collection, a trim,
 the reads of the size and the mark, the mark's reset) and counts the trims done and skipped
 (``probes.host.HeapTrims``). Printed: each test's median time plain and measured, the difference
 (what a measured test costs), the ratio of the largest size's cost to the smallest's, and the steps.
@@ -90,10 +91,15 @@ times = []
 sizes = []
 
 
+steps = {}
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     if nextitem is None:  # the process as the tests ran, before the session fixture lets go
         sizes.append(psutil.Process().memory_info().rss)
+        if item.config.pluginmanager.has_plugin("tfmem"):
+            steps.update(_steps())
     started = time.perf_counter()
     try:
         return (yield)
@@ -110,21 +116,24 @@ def _step_ms(step, count=20):
     return statistics.median(spent) * 1000
 
 
-def pytest_sessionfinish(session):
-    steps = {}
-    if session.config.pluginmanager.has_plugin("tfmem"):  # the protocol's steps, in this grown process
-        from pytest_tfmem import platforms
-        from pytest_tfmem.probes import host
+def _steps():
+    """The protocol's steps, each timed alone, in the grown process as its last test begins."""
+    from pytest_tfmem import platforms
+    from pytest_tfmem.probes import host
 
-        platform = platforms.current()
-        steps = {
-            "young collection": _step_ms(lambda: gc.collect(1)),
-            "trim (malloc_trim)": _step_ms(platform.release_freed_heap),
-            "size (RSS)": _step_ms(platform.current_size),
-            "mark (VmHWM)": _step_ms(platform.peak_mark),
-            "mark's reset": _step_ms(platform.reset_peak_mark),
-        }
-        steps["trims done"], steps["trims skipped"] = host.trims().trims, host.trims().skipped
+    platform = platforms.current()
+    return {
+        "young collection": _step_ms(lambda: gc.collect(1)),
+        "trim (malloc_trim)": _step_ms(platform.release_freed_heap),
+        "size (RSS)": _step_ms(platform.current_size),
+        "mark (VmHWM)": _step_ms(platform.peak_mark),
+        "mark's reset": _step_ms(platform.reset_peak_mark),
+        "trims done": host.trims().trims,
+        "trims skipped": host.trims().skipped,
+    }
+
+
+def pytest_sessionfinish(session):
     with open(os.environ["TFMEM_BENCH_TIMES"], "w") as out:
         json.dump({"times": times, "rss": sizes[-1] if sizes else 0, "steps": steps}, out)
 '''
@@ -203,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(found) >= 2 and found[0] > 0:
             lines.append(f"{SUITES[suite]}: the cost at the largest size is {found[-1] / found[0]:.2f}x the cost at "
                          "the smallest.")
-    lines += ["", f"The protocol's steps, each timed alone at the end of a measured session at {SIZES_MIB[-1]} MiB "
-              "(median of 20), and the trims of that session:", ""]
+    lines += ["", f"The protocol's steps, each timed alone as the last test of a measured session at {SIZES_MIB[-1]} "
+              "MiB began, the process still grown (median of 20), and the trims of that session before it:", ""]
     names = [name for name in next(iter(steps.values()), {}) if not name.startswith("trims")]
     lines += markdown_table(
         ["suite", *names, "trims done / skipped"],
