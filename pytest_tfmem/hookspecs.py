@@ -57,13 +57,15 @@ def pytest_tfmem_check_retained(item: pytest.Item, record: TestRecord) -> Verdic
 @pytest.hookspec
 def pytest_tfmem_departure(item: pytest.Item, record: TestRecord) -> str | None:
     """Return why the test's figure should be measured again before it is kept (it lies above the
-    test's recorded level by more than the floor: ``above its level in the memory history``), or
-    ``None``.
+    test's recorded level by more than the floor: ``above its level in the memory history``; it
+    would be the test's first record, above the floor: ``its first figure in the memory
+    history``), or ``None``.
 
     When: right after the checks, for a test that passed them, and again on the re-run's figure:
-    where that departs too, the figure stands (``core.confirm``). Implemented by: gates (the
-    memory history, the baseline a session compares with or merges into), the session feature
-    (a call that kept more than the test's retained ceiling).
+    where that departs too and reads within a step of the first run, the figure stands; otherwise
+    the re-run's is kept (``core.confirm``). Implemented by: gates (the memory history, the
+    baseline a session compares with or merges into), the session feature (a call that kept more
+    than the test's retained ceiling).
     """
 
 
