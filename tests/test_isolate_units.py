@@ -147,7 +147,8 @@ def test_sizes_above_the_memory_limit_warn(pytester: pytest.Pytester):
         "import pytest\n@pytest.mark.tfmem(budget='900TB', isolate=False)\ndef test_a(): pass\n"
     )
     result = pytester.runpytest("--tfmem-kill-at=800TB")
-    result.assert_outcomes(passed=1, warnings=3)
+    result.assert_outcomes(passed=1)
+    assert result.stdout.str().count("MemoryLimitWarning: pytest-tfmem:") == 3, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             (
