@@ -1,6 +1,6 @@
 """What measuring every test costs a real suite, side by side in one run: plain, measured, gated.
 
-    python -m benchmarks.real_suite_cost [--suite keras-layers|keras-own|tf-keras|small-keras]
+    python -m benchmarks.real_suite_cost [--suite keras-layers|keras-text|keras-own|tf-keras|small-keras]
                                          [--sides plain,tfmem] [--rounds 2] [--tf-keras PATH] [--output PAGE]
 
 Suites:
@@ -8,6 +8,10 @@ Suites:
 - ``keras-layers``: Keras's own tests from the installed Keras (its wheel ships them) of its
   convolutional, RNN, attention and normalization layers, on TensorFlow: a real suite whose
   process grows past 1 GiB (traced functions, kernels, Keras's caches);
+- ``keras-text``: Keras's own tests of its text and transformer parts, from the installed Keras:
+  index, integer and hashing lookups, hashed crossing, einsum-dense, reversible embedding,
+  multi-head and grouped-query attention (342 tests, a process of about 1 GiB; the text
+  vectorization and string lookup tests need ``grain`` and are left out);
 - ``keras-own``: the five modules of Keras's own tests the order benchmarks use
   (``benchmarks.order_spread``: dense, embedding, sequential, functional, early stopping);
 - ``tf-keras``: tf-keras's own attention and layer-normalization tests from a checkout
@@ -56,7 +60,13 @@ from benchmarks.verdicts import reruns, suites
 
 GIB = 2**30
 KERAS_LAYERS = ("layers/convolutional", "layers/rnn", "layers/attention", "layers/normalization")
+KERAS_TEXT = tuple(f"layers/{module}_test.py" for module in (
+    "preprocessing/index_lookup", "preprocessing/integer_lookup", "preprocessing/hashing",
+    "preprocessing/hashed_crossing", "core/einsum_dense", "core/reversible_embedding",
+    "attention/multi_head_attention", "attention/grouped_query_attention"))
 SUITES = {"keras-layers": "Keras's own convolutional, RNN, attention and normalization layer tests",
+          "keras-text": "Keras's own text and transformer-part tests (lookups, hashing, einsum-dense, "
+                        "reversible embedding, multi-head and grouped-query attention)",
           "keras-own": "Keras's own tests of five modules (dense, embedding, sequential, functional, early stopping)",
           "tf-keras": "tf-keras's own attention and layer-normalization tests",
           "small-keras": "small Keras tests on TensorFlow (small_keras.py twice: 18)"}
@@ -75,8 +85,9 @@ def prepare(directory: Path, suite: str, tf_keras: Path | None) -> list[str]:
     """The folder the sessions run in, and what they run."""
     (directory / "pytest.ini").write_text("[pytest]\n")
     (directory / "bench_timing.py").write_text(TIMING)
-    if suite in ("keras-layers", "keras-own"):
-        return [str(KERAS_TESTS / module) for module in (KERAS_LAYERS if suite == "keras-layers" else KERAS_OWN)]
+    keras_modules = {"keras-layers": KERAS_LAYERS, "keras-text": KERAS_TEXT, "keras-own": KERAS_OWN}
+    if suite in keras_modules:
+        return [str(KERAS_TESTS / module) for module in keras_modules[suite]]
     if suite == "tf-keras":
         copied = suites(tf_keras)["tf-keras"]
         for source, name in copied.copies.items():
