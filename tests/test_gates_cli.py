@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,12 +148,13 @@ def test_help_and_the_installed_console_script(gate_files):
         done = tfmem(gate_files, command, "--help")
         assert done.returncode == 0 and done.stdout.startswith(f"usage: tfmem {command}"), done.stderr
     assert "10%+16MB" in tfmem(gate_files, "compare", "--help").stdout
-    script = shutil.which("tfmem")
-    assert script, "the tfmem console script is not installed: pip install -e ."
+    # The console script installed beside this interpreter (PATH may find another environment's).
+    script = Path(sys.executable).with_name("tfmem")
+    assert script.exists(), "the tfmem console script is not installed: pip install -e ."
     done = subprocess.run(
         [script, "compare", "base.json", "report.json"], cwd=gate_files, capture_output=True, text=True, check=False
     )
-    assert done.returncode == EXIT_REGRESSION
+    assert done.returncode == EXIT_REGRESSION and "regression" in done.stdout.lower(), done.stderr
 
 
 def test_show_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path):

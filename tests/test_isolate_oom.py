@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -110,7 +111,7 @@ def memory_cgroup() -> Iterator[MemoryCgroup]:
 def _pytest(pytester: pytest.Pytester, cgroup: MemoryCgroup, *args: str) -> pytest.RunResult:
     junit = pytester.path / "junit.xml"
     return pytester.run(
-        *cgroup.command("python", "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *dump_records(pytester.path), *args),
+        *cgroup.command(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *dump_records(pytester.path), *args),
         timeout=300,
     )
 

@@ -4,6 +4,7 @@ and items, a short journal line for a test within every limit, the table from a 
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ElementTree
 
 import pytest
@@ -199,5 +200,5 @@ def test_the_journal_gives_a_test_within_every_limit_a_short_line_and_a_failure_
     passing = [len(line) for line in lines if '"passed"' in line]
     assert max(passing) < 400, max(passing)
     # tfmem last still tells both
-    last = pytester.run("tfmem", "last")
+    last = pytester.run(sys.executable, "-m", "pytest_tfmem.cli.main", "last")  # this interpreter's, not PATH's
     last.stdout.fnmatch_lines(["*passed*test_passes?59?  peak *", "*failed*test_over  peak 4?.? MiB*tfmem: peak*"])
