@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 NUMPY_TESTS = """
@@ -127,8 +129,6 @@ def pytest_sessionfinish(session):
 
 def run_counting_trims(pytester, source: str, passed: int) -> tuple[dict[str, dict], int]:
     """Run ``source`` measured, counting the trims: each test's report entry by name, and the trims."""
-    import json
-
     pytester.makeconftest(COUNT_TRIMS)
     pytester.makepyfile(test_trims=source)
     reports = pytester.path / "r.json"
