@@ -12,10 +12,10 @@ Keras tests on TensorFlow (``benchmarks/workloads/small_keras.py``, two copies).
 runs plain (``-p no:tfmem``) and with ``--tfmem-budget=64GB``, alternating, ``--rounds`` times; a
 plugin of this benchmark times each test's whole protocol (setup, call, teardown), and as the last
 test of each measured session begins, with the process still grown, times the protocol's steps
-there, one by one (a young collection, a trim,
-the reads of the size and the mark, the mark's reset) and counts the trims done and skipped
-(``probes.host.HeapTrims``). Printed: each test's median time plain and measured, the difference
-(what a measured test costs), the ratio of the largest size's cost to the smallest's, and the steps.
+there, one by one (a young collection, a trim, the reads of the size and the mark, the mark's
+reset) and counts the trims done and skipped (``probes.host.HeapTrims``). Printed: each test's
+median time plain and measured, the difference (what a measured test costs), the ratio of the
+largest size's cost to the smallest's, and the steps.
 """
 
 from __future__ import annotations
@@ -89,9 +89,7 @@ import pytest
 
 times = []
 sizes = []
-
-
-steps = {}
+steps = {}  # the protocol's steps, timed as a measured session's last test begins
 
 
 @pytest.hookimpl(wrapper=True)
