@@ -57,10 +57,10 @@ from pytest_tfmem.files import write_text_atomic
 
 # TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
 # (AMD EPYC): on, every machine measures the same TensorFlow, with the pool that hides memory.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
-# Each session on one core: TensorFlow's and OpenMP's thread pools of one thread.
-for _variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
-    os.environ.setdefault(_variable, "1")
+# Each session on one core: TensorFlow's and OpenMP's thread pools of one thread. The sessions'
+# environment only (``session_environment``): a module that imports this one keeps its own.
+SESSION_SETTINGS = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
+                    "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 KERAS_MODULE = '''
 import numpy as np
@@ -259,8 +259,9 @@ def session_environment(suite: Path, bytecode: Path) -> dict[str, str]:
     machine: with ``PYTHONDONTWRITEBYTECODE`` set, each session would compile the plugin's modules
     again (about 0.4 s here), a cost of the environment, not of measuring a test."""
     python_path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
-    environment = {**os.environ, "DRIFT_FILE": str(suite / "drift.txt"), "GC_CLOCK_FILE": str(suite / "gc.txt"),
-                   "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPYCACHEPREFIX": str(bytecode)}
+    environment = {**SESSION_SETTINGS, **os.environ, "DRIFT_FILE": str(suite / "drift.txt"),
+                   "GC_CLOCK_FILE": str(suite / "gc.txt"), "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3",
+                   "PYTHONPYCACHEPREFIX": str(bytecode)}
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
     return environment
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +30,11 @@ os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="tfmem-tests-keras-home-")
 # default on some x86 CPUs and not on others (AMD EPYC): on, the tests see the same TensorFlow
 # on every machine. Inner pytest runs inherit it.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+# Inner sessions' TensorFlow and OpenMP pools of one thread each, in every run of the suite: they were
+# set only as a side effect of importing ``benchmarks.suite_overhead`` (tests/test_collector.py), so
+# a whole run's sessions had them and a run of a few modules' did not.
+for _name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
+    os.environ[_name] = "1"
 
 # pytest-randomly (in the test extra) would shuffle every inner pytest run and reseed ``random``
 # in it, as pyproject's ``-p no:randomly`` keeps it from doing to this suite. It is off in every
@@ -47,6 +53,43 @@ PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest -p no:nbmake -p no:nb
 INNER_RUN_OPTIONS = f"{PLAIN_RUN_OPTIONS} -o tfmem_first_use_warmup=false"
 WARM_UP = ("-o", "tfmem_first_use_warmup=true")
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {INNER_RUN_OPTIONS}".strip()
+
+
+# Every module an inner session imports: the plugin's (each, whether or not a run needs it) and the
+# other pytest plugins', which pytest rewrites for assertions.
+_EVERY_MODULE_TEST = """
+import importlib, pkgutil
+import pytest_tfmem
+
+def test_import_every_module():
+    for module in pkgutil.walk_packages(pytest_tfmem.__path__, "pytest_tfmem."):
+        importlib.import_module(module.name)
+"""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before the suite's several hundred inner sessions, one session that caches compiled modules.
+
+    Where ``PYTHONDONTWRITEBYTECODE`` is set (as on the machine these tests were tuned on), each inner session
+    compiled the plugin's modules and rewrote the other pytest plugins' asserts again: 1.2 s of a
+    trivial inner session's 2.2 s. Inner sessions keep the setting, since a test that rewrites its
+    test file within a second at the same size would load a stale cached copy; they read the cache
+    that this one session writes (pytest reads a cached rewrite even when it may not write one).
+    The controller alone does it under pytest-xdist.
+    """
+    if hasattr(config, "workerinput"):
+        return
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    environment["PYTEST_ADDOPTS"] = ""  # every installed plugin, nbmake and nbval included
+    with tempfile.TemporaryDirectory(prefix="tfmem-tests-compile-") as folder:
+        test = Path(folder) / "test_every_module.py"
+        test.write_text(_EVERY_MODULE_TEST)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={folder}/tmp", str(test)],
+            cwd=folder, env=environment, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise pytest.UsageError(f"the session that caches compiled modules failed:\n{done.stdout}{done.stderr}")
 
 
 @pytest.fixture
