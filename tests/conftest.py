@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
+from forked_sessions import Zygote, forking_popen
 
 from pytest_tfmem import platforms
 from pytest_tfmem.core.record import TestRecord, record_from_report
@@ -53,6 +54,7 @@ PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest -p no:nbmake -p no:nb
 INNER_RUN_OPTIONS = f"{PLAIN_RUN_OPTIONS} -o tfmem_first_use_warmup=false"
 WARM_UP = ("-o", "tfmem_first_use_warmup=true")
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {INNER_RUN_OPTIONS}".strip()
+SUITE_ENVIRONMENT = dict(os.environ)
 
 
 # Every module an inner session imports: the plugin's (each, whether or not a run needs it) and the
@@ -70,11 +72,12 @@ def test_import_every_module():
 def pytest_configure(config: pytest.Config) -> None:
     """Before the suite's several hundred inner sessions, one session that caches compiled modules.
 
-    Where ``PYTHONDONTWRITEBYTECODE`` is set (as on the machine these tests were tuned on), each inner session
-    compiled the plugin's modules and rewrote the other pytest plugins' asserts again: 1.2 s of a
-    trivial inner session's 2.2 s. Inner sessions keep the setting, since a test that rewrites its
-    test file within a second at the same size would load a stale cached copy; they read the cache
-    that this one session writes (pytest reads a cached rewrite even when it may not write one).
+    Where ``PYTHONDONTWRITEBYTECODE`` is set, as on the 2-core machine this suite is timed on, each
+    inner session compiled the plugin's modules and rewrote the other pytest plugins' asserts again:
+    1.2 s of a trivial inner session's 2.2 s. Inner sessions keep the setting, since a test that
+    rewrites its test file within a second at the same size would load a stale cached copy; they
+    read the cache that this one session writes (pytest reads a cached rewrite even when it may not
+    write one).
     The controller alone does it under pytest-xdist.
     """
     if hasattr(config, "workerinput"):
@@ -92,11 +95,22 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"the session that caches compiled modules failed:\n{done.stdout}{done.stderr}")
 
 
+@pytest.fixture(scope="session")
+def session_zygote() -> Iterator[Zygote]:
+    """This worker's process that forks inner sessions with TensorFlow imported (``forked_sessions``)."""
+    zygote = Zygote({**SUITE_ENVIRONMENT, "PYTEST_ADDOPTS": INNER_RUN_OPTIONS})
+    yield zygote
+    zygote.close()
+
+
 @pytest.fixture
-def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> pytest.Pytester:
     """pytest's ``pytester``, its inner runs (in process and in subprocesses) in file order and
-    without Hypothesis's plugin."""
+    without Hypothesis's plugin; in a test marked ``forked_sessions``, its subprocess runs forked
+    from a process with TensorFlow imported."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_RUN_OPTIONS)
+    if request.node.get_closest_marker("forked_sessions") is not None:
+        monkeypatch.setattr(pytester, "popen", forking_popen(pytester, request.getfixturevalue("session_zygote")))
     return pytester
 
 

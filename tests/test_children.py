@@ -350,6 +350,7 @@ def test_runs_a_training_script():
 """
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_the_trace_timeline_of_a_test_over_budget_draws_its_processes(pytester: pytest.Pytester):
     pytester.makepyfile(TRACED)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=100MB")
@@ -359,6 +360,7 @@ def test_the_trace_timeline_of_a_test_over_budget_draws_its_processes(pytester: 
     assert (summary.parent / "timeline.png").stat().st_size > 0
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_keras_pydataset_workers_count_and_show_in_tfmem_show(pytester: pytest.Pytester):
     """The docs' workload (docs/measurement.md): a ``PyDataset`` whose two workers make each batch
     with 150 MiB of scratch space."""

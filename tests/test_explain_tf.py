@@ -45,6 +45,7 @@ def test_from_start_traced():
 
 
 @pytest.mark.slow  # four failing TensorFlow tests, traced and re-run, in a fresh interpreter: ~40 s here
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_the_largest_tensor_is_listed_first_with_its_shape_and_size(run_subprocess_records, pytester: pytest.Pytester):
     pytester.makepyfile(test_wide=WIDE_MODEL)
     result, records = run_subprocess_records("--tfmem-trace-dir=traces")

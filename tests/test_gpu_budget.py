@@ -269,6 +269,7 @@ def test_memory_growth_the_user_chose_is_kept(pytester: pytest.Pytester, monkeyp
 # -- the real TensorFlow on a CPU machine -------------------------------------------------------
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_with_real_tensorflow_and_no_gpu_the_limit_warns_and_tests_still_run(pytester: pytest.Pytester):
     pytest.importorskip("tensorflow")
     pytester.makepyfile(

@@ -33,6 +33,7 @@ def test_400MB_after_the_heavier_one():
 """
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_400MB_of_tensors_reads_about_400MB_on_tf_CPU_0_alone_and_after_a_heavier_test(
     pytester: pytest.Pytester, run_subprocess_records
 ):

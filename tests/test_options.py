@@ -169,6 +169,7 @@ def test_no_tfmem_gpu_memory_growth_leaves_the_variable_alone_despite_the_ini_fi
     ("arguments", "started"),
     [([], True), (["--no-tfmem-tf-warmup"], False), (["--tfmem-tf-warmup=false"], False)],
 )
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_no_tfmem_tf_warmup_leaves_the_runtime_to_the_test_despite_the_ini_file(
     pytester: pytest.Pytester, arguments: list[str], started: bool
 ):

@@ -60,6 +60,7 @@ class Case(tf.test.TestCase):
 '''
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_only_memory_failures_rerun_and_trace_and_explain_share_one_rerun(
     run_subprocess_records, pytester: pytest.Pytester, runs_dir: Path
 ) -> None:

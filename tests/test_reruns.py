@@ -166,6 +166,7 @@ def test_over_budget_every_time():
 '''
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_a_test_over_budget_in_every_attempt_is_traced_once(pytester: pytest.Pytester, runs_dir: Path) -> None:
     pytester.makepyfile(test_traced=TRACED)
     report = pytester.path / "r.json"

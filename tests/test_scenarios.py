@@ -36,6 +36,7 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_a_fix_that_no_longer_streams_fails_the_suite(pytester: pytest.Pytester):
     copy = copy_scenarios(pytester)
     edit(copy / "large_dataset.py", "return train_one_epoch(streamed_dataset(directory, samples))",
@@ -58,6 +59,7 @@ def test_a_fix_that_no_longer_streams_fails_the_suite(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["tfmem: peak * > budget 120MB (114.4 MiB) (host RSS *"])
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_a_problem_that_is_no_longer_caught_fails_the_suite(pytester: pytest.Pytester):
     copy = copy_scenarios(pytester)
     edit(copy / "test_large_dataset.py", 'BUDGET = "120MB"', 'BUDGET = "4GB"')
@@ -73,6 +75,7 @@ def test_a_problem_that_is_no_longer_caught_fails_the_suite(pytester: pytest.Pyt
 
 
 @pytest.mark.slow
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_a_loop_fix_without_its_essential_line_fails_the_suite(pytester: pytest.Pytester):
     copy = copy_scenarios(pytester)
     edit(copy / "looped_models.py", "model = _build_and_fit(samples, run_eagerly=True)",
@@ -152,6 +155,7 @@ SCALED = ("test_problem_whole_dataset_in_memory", "test_fix_streamed_from_files"
 
 
 @pytest.mark.slow
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_at_twice_the_scale_the_problems_grow_the_fixes_stay_flat_and_the_deep_model_grows(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, run_subprocess_records
 ):

@@ -241,6 +241,7 @@ class Case(tf.test.TestCase):
 '''
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_a_subtests_kept_tensors_are_in_the_tensorflow_view(pytester: pytest.Pytester):
     """Tensors kept live in TensorFlow's pool: they count in its allocator, not in host memory
     outside the pool, as in a test's retained figure."""

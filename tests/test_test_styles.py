@@ -77,6 +77,7 @@ class ParameterizedCase(parameterized.TestCase):
 
 
 @pytest.mark.linux  # exact marks: a set-up's peak read by sampling falls short of the 145 MiB it asserts
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_every_style_is_measured_and_held_to_the_budget(run_subprocess_records, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_styles=STYLES)
     result, records = run_subprocess_records("--tfmem-budget=100MB", "--tfmem-trace=off", "--doctest-modules", "test_styles.py")
@@ -152,6 +153,7 @@ class PlainCase(unittest.TestCase):
 
 
 @pytest.mark.linux  # exact marks: sampling misses a block made and freed between two of its turns
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_markers_work_on_testcase_methods(run_subprocess_records, pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_markers=MARKERS)
     result, records = run_subprocess_records("-rA", "--tfmem-trace=off", "test_markers.py")

@@ -172,6 +172,7 @@ def test_over_budget_while_profiled(profiled):
 """
 
 
+@pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_a_busy_profiler_is_reported_and_the_timeline_kept(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_busy=BUSY_PROFILER_TEST)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
