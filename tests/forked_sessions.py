@@ -63,6 +63,12 @@ class Zygote:
         self._running = ForkedSession(self, self._reply(START_TIMEOUT_S)["pid"], request["argv"])
         return self._running
 
+    def exit_status(self, timeout: float | None) -> int:
+        """The running session's exit status, once it ends; ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+        status = self._reply(timeout)["exit"]
+        self._running = None
+        return status
+
     def _started(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
             self._pending = b""
@@ -114,8 +120,7 @@ class ForkedSession:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.returncode = self.zygote._reply(timeout)["exit"]
-            self.zygote._running = None
+            self.returncode = self.zygote.exit_status(timeout)
         return self.returncode
 
     def kill(self) -> None:
@@ -145,9 +150,8 @@ def forking_popen(pytester: pytest.Pytester, zygote: Zygote) -> Callable[..., An
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), environment.get("PYTHONPATH", "")]))
         to_files = all(isinstance(getattr(stream, "name", None), str) for stream in (stdout, stderr))
-        if arguments is None or options or stdin is not pytester.CLOSE_STDIN or not to_files:
-            return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
-        if not zygote.serves(environment):
+        forkable = arguments is not None and not options and stdin is pytester.CLOSE_STDIN and to_files
+        if not forkable or not zygote.serves(environment):
             return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
         return zygote.start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
                              "stdout": stdout.name, "stderr": stderr.name})  # fmt: skip
