@@ -65,7 +65,10 @@ import pytest_tfmem
 
 def test_import_every_module():
     for module in pkgutil.walk_packages(pytest_tfmem.__path__, "pytest_tfmem."):
-        importlib.import_module(module.name)
+        try:
+            importlib.import_module(module.name)
+        except ImportError:  # a module of another system's: the sessions here never import it either
+            pass
 """
 
 
@@ -87,12 +90,11 @@ def pytest_configure(config: pytest.Config) -> None:
     with tempfile.TemporaryDirectory(prefix="tfmem-tests-compile-") as folder:
         test = Path(folder) / "test_every_module.py"
         test.write_text(_EVERY_MODULE_TEST)
-        done = subprocess.run(
+        # Only a cache: where this session fails, the inner sessions are slower, not wrong.
+        subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={folder}/tmp", str(test)],
-            cwd=folder, env=environment, capture_output=True, text=True, check=False,
+            cwd=folder, env=environment, capture_output=True, check=False,
         )  # fmt: skip
-    if done.returncode != 0:
-        raise pytest.UsageError(f"the session that caches compiled modules failed:\n{done.stdout}{done.stderr}")
 
 
 @pytest.fixture(scope="session")
