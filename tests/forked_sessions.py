@@ -127,9 +127,6 @@ class ForkedSession:
         if self.returncode is None:
             os.kill(self.pid, signal.SIGKILL)
 
-    def poll(self) -> int | None:
-        return self.returncode
-
 
 def pytest_arguments(command: Sequence[str]) -> list[str] | None:
     """The arguments of a ``python -m pytest`` command line of this interpreter; None for another command."""
