@@ -11,9 +11,9 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked_sessions
 import numpy  # noqa: F401  # loaded once here: in-process pytester runs unload modules they import
 import pytest
-from forked_sessions import Zygote, forking_popen
 
 from pytest_tfmem import platforms
 from pytest_tfmem.core.record import TestRecord, record_from_report
@@ -54,7 +54,6 @@ PLAIN_RUN_OPTIONS = "-p no:randomly -p no:hypothesispytest -p no:nbmake -p no:nb
 INNER_RUN_OPTIONS = f"{PLAIN_RUN_OPTIONS} -o tfmem_first_use_warmup=false"
 WARM_UP = ("-o", "tfmem_first_use_warmup=true")
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {INNER_RUN_OPTIONS}".strip()
-SUITE_ENVIRONMENT = dict(os.environ)
 
 
 # Every module an inner session imports: the plugin's (each, whether or not a run needs it) and the
@@ -97,12 +96,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def session_zygote() -> Iterator[Zygote]:
-    """This worker's process that forks inner sessions with TensorFlow imported (``forked_sessions``)."""
-    zygote = Zygote({**SUITE_ENVIRONMENT, "PYTEST_ADDOPTS": INNER_RUN_OPTIONS})
-    yield zygote
-    zygote.close()
+def pytest_unconfigure(config: pytest.Config) -> None:
+    forked_sessions.ZYGOTES.close()
 
 
 @pytest.fixture
@@ -112,7 +107,7 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, request
     from a process with TensorFlow imported."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_RUN_OPTIONS)
     if request.node.get_closest_marker("forked_sessions") is not None:
-        monkeypatch.setattr(pytester, "popen", forking_popen(pytester, request.getfixturevalue("session_zygote")))
+        monkeypatch.setattr(pytester, "popen", forked_sessions.forking_popen(pytester))
     return pytester
 
 

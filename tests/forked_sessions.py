@@ -1,14 +1,15 @@
 """Inner pytest sessions forked from a process that has imported TensorFlow.
 
 Importing TensorFlow took 3 to 6 s of each inner session that used it, on this suite's 2-core
-machines, before the session ran a test. A test marked ``forked_sessions`` has its pytester's
-``python -m pytest`` runs (``runpytest_subprocess``, ``run``) forked from one process per
-worker that imported it once (``session_zygote.py``), as the plugin's isolation forks its
-children from a template. Such a session reads as a fresh one, except that TensorFlow and Keras
-are imported before it starts: tests of what a first import costs, of what a session imports, or of
-TensorFlow's start-up output stay in fresh interpreters, unmarked. A run whose environment sets
-something that TensorFlow or Keras reads when imported (``TF_*``, ``KERAS_BACKEND``...)
-differently from the forking process is started fresh, as pytester would start it.
+machines, before the session ran a test. Such sessions fork from a process that imported it once
+(``session_zygote.py``), as the plugin's isolation forks its children from a template: in a
+test marked ``forked_sessions``, its pytester's ``python -m pytest`` runs
+(``runpytest_subprocess``, ``run``); elsewhere, the runs a test makes with ``run`` here instead
+of ``subprocess.run``. Such a session reads as a fresh one, except that TensorFlow and Keras are
+imported before it starts: tests of what a first import costs, of what a session imports, or of
+TensorFlow's start-up output stay in fresh interpreters. Each worker keeps one forking process per
+environment that TensorFlow or Keras reads when imported (``TF_*``, ``KERAS_BACKEND``...), the two
+last used.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ import pytest
 
 SCRIPT = Path(__file__).with_name("session_zygote.py")
 # Variables read once, when the interpreter starts or a framework is imported.
-READ_AT_START = ("TF_", "KERAS_", "XLA_", "JAX_", "CUDA", "OMP_", "MKL", "LD_", "MALLOC_", "GLIBC_", "PYTHON")
+READ_AT_START = ("TF_", "KERAS_", "XLA_", "JAX_", "CUDA", "OMP_", "OPENBLAS_", "NPY_", "MKL", "LD_", "MALLOC_",
+                 "GLIBC_", "PYTHON")
 START_TIMEOUT_S = 300.0
+KEPT_ZYGOTES = 2  # each holds TensorFlow's import: about 0.5 GiB
 
 
 def read_at_start(environment: Mapping[str, str]) -> dict[str, str]:
@@ -107,6 +110,33 @@ class Zygote:
         self._errors.close()
 
 
+class Zygotes:
+    """This process's forking processes, one per environment read at import, the last used kept."""
+
+    def __init__(self) -> None:
+        self._zygotes: list[Zygote] = []
+
+    def serving(self, environment: Mapping[str, str]) -> Zygote:
+        """A forking process whose sessions start as a fresh one in ``environment`` would."""
+        for zygote in self._zygotes:
+            if zygote.serves(environment):
+                self._zygotes.remove(zygote)
+                break
+        else:
+            zygote = Zygote(environment)
+            if len(self._zygotes) == KEPT_ZYGOTES:
+                self._zygotes.pop(0).close()
+        self._zygotes.append(zygote)
+        return zygote
+
+    def close(self) -> None:
+        while self._zygotes:
+            self._zygotes.pop().close()
+
+
+ZYGOTES = Zygotes()
+
+
 class ForkedSession:
     """What ``pytester.run`` needs of a ``subprocess.Popen``, for a forked session."""
 
@@ -137,8 +167,38 @@ def pytest_arguments(command: Sequence[str]) -> list[str] | None:
     return None
 
 
-def forking_popen(pytester: pytest.Pytester, zygote: Zygote) -> Callable[..., Any]:
-    """``pytester.popen``, forking ``python -m pytest`` runs from ``zygote`` where it can."""
+def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+        timeout: float | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``subprocess.run(command, capture_output=True, text=True, ...)``, a ``python -m pytest``
+    command forked from a process with TensorFlow imported."""
+    command = [os.fspath(argument) for argument in command]
+    arguments = pytest_arguments(command)
+    environment = dict(os.environ if env is None else env)
+    if arguments is None:
+        return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
+                              check=check)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tfmem-forked-") as folder:
+        streams = Path(folder, "stdout"), Path(folder, "stderr")
+        for stream in streams:
+            stream.touch()
+        session = ZYGOTES.serving(environment).start({
+            "argv": arguments, "cwd": os.path.abspath(cwd), "env": environment,
+            "stdout": str(streams[0]), "stderr": str(streams[1]),
+        })  # fmt: skip
+        try:
+            returncode = session.wait(timeout)
+        except subprocess.TimeoutExpired:
+            session.kill()
+            session.wait()
+            raise subprocess.TimeoutExpired(command, timeout or 0, *(stream.read_text() for stream in streams)) from None
+        completed = subprocess.CompletedProcess(command, returncode, *(stream.read_text() for stream in streams))
+    if check:
+        completed.check_returncode()
+    return completed
+
+
+def forking_popen(pytester: pytest.Pytester) -> Callable[..., Any]:
+    """``pytester.popen``, forking ``python -m pytest`` runs where it can."""
     real_popen = pytester.popen
 
     def popen(cmdargs: Sequence[Any], stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
@@ -147,10 +207,9 @@ def forking_popen(pytester: pytest.Pytester, zygote: Zygote) -> Callable[..., An
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), environment.get("PYTHONPATH", "")]))
         to_files = all(isinstance(getattr(stream, "name", None), str) for stream in (stdout, stderr))
-        forkable = arguments is not None and not options and stdin is pytester.CLOSE_STDIN and to_files
-        if not forkable or not zygote.serves(environment):
+        if arguments is None or options or stdin is not pytester.CLOSE_STDIN or not to_files:
             return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
-        return zygote.start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
-                             "stdout": stdout.name, "stderr": stderr.name})  # fmt: skip
+        return ZYGOTES.serving(environment).start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
+                                                   "stdout": stdout.name, "stderr": stderr.name})  # fmt: skip
 
     return popen
