@@ -7,6 +7,7 @@ pytest-html by ``test_html_report.py``, pytest-split by ``test_gates_merge.py``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -210,11 +211,14 @@ def test_this_suite_s_inner_runs_keep_file_order(pytester: pytest.Pytester):
 
 @pytest.mark.linux  # malloc_trim hands freed heap back before each reading
 @pytest.mark.slow  # three sessions that import TensorFlow: ~35 s on 2 busy cores
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
+# looked up, not imported: pytester removes at teardown the modules its test imported, and importing
+# TensorFlow again in the same process aborts it
+@pytest.mark.forked_sessions  # its inner sessions import TensorFlow
 def test_figures_stay_within_tolerance_in_any_order(pytester: pytest.Pytester):
     """Each test's peak in file order and in two of pytest-randomly's orders, within the baseline's
     default tolerance (10%+16MB) of each other."""
     pytest.importorskip("pytest_randomly")
-    pytest.importorskip("tensorflow")
     pytester.makepyfile(test_order=ORDER_TESTS)
     runs = {}
     for seed in (None, 1, 2):

@@ -8,6 +8,7 @@ the behaviour (the settings refused after initialisation, the run without GPUs).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from types import SimpleNamespace
@@ -269,9 +270,11 @@ def test_memory_growth_the_user_chose_is_kept(pytester: pytest.Pytester, monkeyp
 # -- the real TensorFlow on a CPU machine -------------------------------------------------------
 
 
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow is not installed")
+# looked up, not imported: pytester removes at teardown the modules its test imported, and importing
+# TensorFlow again in the same process aborts it
 @pytest.mark.forked_sessions  # its inner session imports TensorFlow
 def test_with_real_tensorflow_and_no_gpu_the_limit_warns_and_tests_still_run(pytester: pytest.Pytester):
-    pytest.importorskip("tensorflow")
     pytester.makepyfile(
         """
         import pytest
