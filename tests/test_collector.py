@@ -151,6 +151,7 @@ def test_thaw_gives_every_object_back_to_the_collector(thawed: None) -> None:
 
 
 @pytest.mark.linux  # malloc_trim hands freed heap back before each reading
+@pytest.mark.forked_sessions  # its inner sessions import TensorFlow
 def test_a_300_test_session_does_not_drift_up_from_frozen_garbage(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

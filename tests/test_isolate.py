@@ -228,6 +228,7 @@ def test_isolated():
 
 
 @pytest.mark.slow  # TensorFlow starts in the session and again in the child
+@pytest.mark.forked_sessions  # its inner sessions import TensorFlow
 def test_isolated_and_in_process_peaks_of_a_tf_test_agree(pytester: pytest.Pytester, run_subprocess_records):
     pytester.makepyfile(TF_TESTS)
     result, records = run_subprocess_records("--tfmem-budget=2GB")

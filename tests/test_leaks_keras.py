@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
+import forked_sessions
 import pytest
 from conftest import dump_records, dumped_records
 
@@ -100,14 +101,14 @@ class LoopRun:
 
 
 def run_loops(directory: Path, keras_module: str, selection: str) -> LoopRun:
-    """Run the loops with ``keras_module`` in a new interpreter (pytester is function-scoped)."""
+    """Run the loops with ``keras_module`` in a session of its own (pytester is function-scoped)."""
     (directory / "pytest.ini").write_text("[pytest]\n")
     (directory / f"test_{keras_module}_loops.py").write_text(LOOPS.replace("KERAS", keras_module))
     junit = directory / "junit.xml"
-    completed = subprocess.run(
+    completed = forked_sessions.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tfmem-trace=off", f"--junitxml={junit}", *dump_records(directory),
          "-k", selection],
-        cwd=directory, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "250"},
+        cwd=directory, timeout=600, env={**os.environ, "COLUMNS": "250"},
     )
     run = LoopRun(completed.stdout + completed.stderr, dumped_records(directory))
     print_measured(keras_module, run)
@@ -161,8 +162,8 @@ def test_the_readmes_leak_example_passes(tmp_path: Path):
     block = readme.split("### Leak checks", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "test_readme_leak.py").write_text(block)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tfmem-trace=off"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    done = forked_sessions.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--tfmem-trace=off"],
+                               cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
 

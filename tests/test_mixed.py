@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 
 MIB = 2**20
@@ -66,12 +67,12 @@ def mixed_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def peaks(path: Path, *args: str) -> dict[str, float]:
-    """Each measured test's peak in MiB, from one pytest session in a fresh interpreter."""
+    """Each measured test's peak in MiB, from one pytest session of its own."""
     report = path.parent / "report.json"
-    subprocess.run(
+    forked_sessions.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--tfmem-budget=4GB",
          f"--tfmem-report={report}", "--tfmem-trace=off", str(path), *args],
-        cwd=path.parent, capture_output=True, text=True, check=True, timeout=600,
+        cwd=path.parent, check=True, timeout=600,
     )
     tests = json.loads(report.read_text())["tests"]
     return {test["nodeid"].split("::")[-1]: test["measurement"]["peak"] / MIB for test in tests}

@@ -44,6 +44,7 @@ def agree(alone: int, after: int) -> bool:
     [(NUMPY_TESTS, "test_numpy_heavy", 400 * 10**6), (TF_TESTS, "test_tf_heavy", 400 * 10**6)],
     ids=["numpy", "tensorflow"],
 )
+@pytest.mark.forked_sessions  # its inner sessions import TensorFlow
 def test_alone_and_after_a_heavier_test_agree(pytester, run_subprocess_records, source, test_name, expected):
     pytester.makepyfile(source)
     _, alone = run_subprocess_records("--tfmem-budget=4GB", "-k", test_name)
@@ -56,6 +57,7 @@ def test_alone_and_after_a_heavier_test_agree(pytester, run_subprocess_records, 
     assert 0.9 * expected <= peak_alone <= 1.2 * expected, peak_alone
 
 
+@pytest.mark.forked_sessions  # its inner sessions import TensorFlow
 def test_tensorflow_view_carries_the_figure_when_rss_cannot_see_it(pytester, run_subprocess_records):
     """After a heavier TF test, TF serves the tensors from its pool: RSS barely moves."""
     pytester.makepyfile(TF_TESTS)

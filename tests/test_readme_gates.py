@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -54,8 +55,9 @@ class Project:
         self.git("commit", "-q", "-m", f"commit {number}")
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, *args], cwd=self.folder, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, **ENVIRONMENT})
+        """A session forked from a process with TensorFlow imported, as every one of them is."""
+        return forked_sessions.run([sys.executable, *args], cwd=self.folder, timeout=600,
+                                   env={**os.environ, **ENVIRONMENT})  # fmt: skip
 
     def pull_request(self, seed: int) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
         """The README's pull-request commands: the baseline gate with a report, then ``tfmem compare``."""
