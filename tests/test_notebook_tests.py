@@ -197,7 +197,10 @@ def test_the_docs_notebook_runs_in_a_real_kernel_as_the_docs_show_it() -> None:
     assert re.match(r"tfmem: peak \+(49|50)\.\d MiB, kept [+-]", ran[6]), ran[6]
     assert ran[7].startswith("tfmem auto: off")
     assert ran[8].startswith("tfmem guard: a cell that takes the kernel past 500MB (476.8 MiB) is stopped there")
-    assert ran[9].startswith("GuardTripped: tfmem guard: this cell took the kernel to 4"), ran[9]
+    # stopped within a few 20 MiB batches of the guard: its thread reads every 20 ms, and on a busy
+    # machine it has run late by a batch or two (504.9 MiB, in a full run beside another session)
+    stopped_at = re.match(r"GuardTripped: tfmem guard: this cell took the kernel to (\d+\.\d) MiB", ran[9])
+    assert stopped_at is not None and 476.8 < float(stopped_at[1]) < 476.8 + 3 * 20, ran[9]
     assert "past the guard of 476.8 MiB (500MB)" in ran[9], ran[9]
     # after the stop: the next cell begins above the guard, is told so once, and runs on, as do the cells after it
     told, printed = ran[10].split("\n", 1)
