@@ -1,8 +1,8 @@
 """Inner pytest sessions forked from a process that has imported TensorFlow.
 
 Importing TensorFlow took 3 to 6 s of each inner session that used it, on this suite's 2-core
-machines, before the session ran a test. Such sessions fork from a process that imported it once
-(``session_zygote.py``), as the plugin's isolation forks its children from a template: in a
+machines, before the session ran a test (Keras on PyTorch, up to 13 s). Such sessions fork from a
+process that imported the framework once (``session_zygote.py``), as the plugin's isolation forks its children from a template: in a
 test marked ``forked_sessions``, its pytester's ``python -m pytest`` runs
 (``runpytest_subprocess``, ``run``); elsewhere, the runs a test makes with ``run`` here instead
 of ``subprocess.run``. Such a session reads as a fresh one, except that TensorFlow and Keras are
@@ -168,17 +168,18 @@ def pytest_arguments(command: Sequence[str]) -> list[str] | None:
 
 
 def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-        timeout: float | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        timeout: float | None = None, check: bool = False, merged: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """``subprocess.run(command, capture_output=True, text=True, ...)``, a ``python -m pytest``
-    command forked from a process with TensorFlow imported."""
+    command forked from a process with its framework imported; ``merged``: its standard error
+    written into its standard output, as ``stderr=subprocess.STDOUT``."""
     command = [os.fspath(argument) for argument in command]
     arguments = pytest_arguments(command)
     environment = dict(os.environ if env is None else env)
     if arguments is None:
-        return subprocess.run(command, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout,
-                              check=check)  # fmt: skip
+        return subprocess.run(command, cwd=cwd, env=environment, stdout=subprocess.PIPE, text=True, timeout=timeout,
+                              stderr=subprocess.STDOUT if merged else subprocess.PIPE, check=check)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="tfmem-forked-") as folder:
-        streams = Path(folder, "stdout"), Path(folder, "stderr")
+        streams = (Path(folder, "stdout"), Path(folder, "stdout" if merged else "stderr"))
         for stream in streams:
             stream.touch()
         session = ZYGOTES.serving(environment).start({
@@ -190,11 +191,16 @@ def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str
         except subprocess.TimeoutExpired:
             session.kill()
             session.wait()
-            raise subprocess.TimeoutExpired(command, timeout or 0, *(stream.read_text() for stream in streams)) from None
-        completed = subprocess.CompletedProcess(command, returncode, *(stream.read_text() for stream in streams))
+            raise subprocess.TimeoutExpired(command, timeout or 0, *outputs(streams, merged)) from None
+        completed = subprocess.CompletedProcess(command, returncode, *outputs(streams, merged))
     if check:
         completed.check_returncode()
     return completed
+
+
+def outputs(streams: tuple[Path, Path], merged: bool) -> tuple[str, str | None]:
+    """A finished session's standard output and error, as ``subprocess.run`` gives them."""
+    return streams[0].read_text(), None if merged else streams[1].read_text()
 
 
 def forking_popen(pytester: pytest.Pytester) -> Callable[..., Any]:

@@ -1,10 +1,11 @@
-"""A process that has imported TensorFlow and forks one inner pytest session per request.
+"""A process that has imported a framework and forks one inner pytest session per request.
 
 Run as a script by ``forked_sessions.Zygote``, its standard input carries one JSON request a line
 (``argv``, ``cwd``, ``env``, ``stdout`` and ``stderr`` paths) and its standard output one JSON
 line with the session's pid, then one with its exit status. The forked session is what
 ``python -m pytest`` in a fresh interpreter would be, with TensorFlow (and the Keras that it
-imports) already in ``sys.modules``: its streams, working directory, environment, ``sys.argv``
+imports) already in ``sys.modules``, or where ``KERAS_BACKEND`` names another backend, Keras and
+that backend's framework (TensorFlow stays unimported): its streams, working directory, environment, ``sys.argv``
 and ``sys.path`` are the request's, and its ``atexit`` functions run before it exits.
 
 A forked child does not inherit its parent's page-table entries for the libraries' code and
@@ -27,7 +28,11 @@ from pathlib import Path
 
 import numpy  # noqa: F401
 import pytest
-import tensorflow  # noqa: F401
+
+if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+    import tensorflow  # noqa: F401
+else:
+    import keras  # noqa: F401  # and the framework of its backend
 
 # What the interpreter puts on sys.path after the script's own folder and PYTHONPATH's entries.
 INSTALLED_PATH = [entry for entry in sys.path[1:] if entry not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]

@@ -1,6 +1,7 @@
 """Keras 3 on JAX, measured like TensorFlow: runtime start booked apart, what holds the memory,
 clean-up, leak checks and traces, on real pytest runs with ``KERAS_BACKEND=jax`` (TensorFlow is
-installed here, and must stay unimported). The runs start together and share the machine.
+installed here, and must stay unimported). Each run forks from a process that imported Keras on
+its backend (tests/forked_sessions.py).
 PyTorch's CPU case runs where PyTorch is installed."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import textwrap
 import urllib.parse
 from pathlib import Path
 
+import forked_sessions
 import pytest
 from conftest import WARM_UP
 from report_helpers import Run
@@ -104,18 +106,20 @@ ORDERS = {
 }
 
 
-def _start(folder: Path, *args: str, quiet: bool = False, backend: str = "jax") -> subprocess.Popen[str]:
+def _run(folder: Path, *args: str, quiet: bool = False, backend: str = "jax") -> Run:
+    """A session of its own, forked from a process that imported Keras on ``backend``."""
     environment = {**os.environ, "KERAS_BACKEND": backend}
     if quiet:  # glibc gives each thread that allocates an arena of its own, and which of XLA's
         # threads allocate depends on scheduling and differs in a fork: 0-14 MiB of a 45 MiB fit
         # on a busy machine that has nothing to do with which test started JAX's runtime. One
         # arena and XLA's CPU work on one thread keep the runs comparable.
         environment.update(MALLOC_ARENA_MAX="1", XLA_FLAGS="--xla_cpu_multi_thread_eigen=false")
-    return subprocess.Popen(
+    done = forked_sessions.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", *WARM_UP, *args,
          "--tfmem-report=report.json"],
-        cwd=folder, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=folder, env=environment, timeout=600, merged=True,
     )  # fmt: skip
+    return Run(folder, done.returncode, done.stdout, json.loads((folder / "report.json").read_text()))
 
 
 def _assert_the_same_in_process(test: str, figures: dict[str, float], floor: float) -> None:
@@ -130,8 +134,8 @@ def _assert_the_same_in_process(test: str, figures: dict[str, float], floor: flo
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """Every run of this module: the order suite in two orders, isolated and under pytest-xdist,
-    one at a time (each reads its own process: runs beside it would add their noise), then the
-    suite with and without clean-up, together."""
+    then the suite with and without clean-up, one at a time (each reads its own process: runs
+    beside it would add their noise)."""
     plans = {
         "suite": ("test_suite.py", "--tfmem-budget=1GB", "--tfmem-stayed-threshold=1MB"),
         "cleared": ("test_suite.py", "--tfmem-budget=1GB", "--tfmem-clear-session", "-k", "not leak"),
@@ -140,17 +144,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
         "xdist": (*ORDERS["fit first"], "--tfmem-budget=1GB", "-n", "2"),
     }
     done = {}
-    batches = [*([name] for name in plans if name not in ("suite", "cleared")), ["suite", "cleared"]]
-    for names in batches:
-        started = {}
-        for name in names:
-            folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
-            (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
-            (folder / "test_order.py").write_text(textwrap.dedent(ORDER).format(arrays="jax.numpy"))
-            started[name] = (folder, _start(folder, *plans[name], quiet=name not in ("suite", "cleared")))
-        for name, (folder, process) in started.items():
-            output, _ = process.communicate(timeout=600)
-            done[name] = Run(folder, process.returncode, output, json.loads((folder / "report.json").read_text()))
+    for name, args in plans.items():
+        folder = tmp_path_factory.mktemp(name.replace(" ", "_"))
+        (folder / "test_suite.py").write_text(textwrap.dedent(SUITE))
+        (folder / "test_order.py").write_text(textwrap.dedent(ORDER).format(arrays="jax.numpy"))
+        done[name] = _run(folder, *args, quiet=name not in ("suite", "cleared"))
     return done
 
 
@@ -354,10 +352,8 @@ def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_f
     }
     peaks: dict[str, dict[str, float]] = {}
     for name, args in plans.items():
-        process = _start(tmp_path, *args, quiet=True, backend="torch")
-        output, _ = process.communicate(timeout=600)
-        assert process.returncode == 0, output[-3000:]
-        run = Run(tmp_path, process.returncode, output, json.loads((tmp_path / "report.json").read_text()))
+        run = _run(tmp_path, *args, quiet=True, backend="torch")
+        assert run.returncode == 0, run.output[-3000:]
         if name in ("sum first", "fit first"):  # booked to the session's account, in process
             booked = [b["name"] for t in run.report["tests"] if t["retained"] for b in t["retained"]["bookings"]]
             assert "PyTorch's runtime start" in booked, booked

@@ -138,6 +138,7 @@ def test_second():
 
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
+@pytest.mark.forked_sessions  # both runs from one process that imported Keras on the backend
 def test_the_tests_see_the_names_seeds_and_settings_they_see_without_tfmem(pytester, monkeypatch, backend):
     """Keras's auto-generated names, every global random generator, ``keras.config``: as without
     tfmem, in the same order; no model, layer or traced function of the warm-up is alive, and no
