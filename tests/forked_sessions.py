@@ -32,7 +32,7 @@ SCRIPT = Path(__file__).with_name("session_zygote.py")
 READ_AT_START = ("TF_", "KERAS_", "XLA_", "JAX_", "CUDA", "OMP_", "OPENBLAS_", "NPY_", "MKL", "LD_", "MALLOC_",
                  "GLIBC_", "PYTHON")
 START_TIMEOUT_S = 300.0
-KEPT_ZYGOTES = 2  # each holds TensorFlow's import: about 0.5 GiB
+KEPT_ZYGOTES = 3  # one with pytest alone, two with a framework's import (about 0.5 GiB each)
 
 
 def read_at_start(environment: Mapping[str, str]) -> dict[str, str]:
@@ -44,16 +44,17 @@ def read_at_start(environment: Mapping[str, str]) -> dict[str, str]:
 class Zygote:
     """The forking process: started at the first request, ended by ``close``."""
 
-    def __init__(self, environment: Mapping[str, str]) -> None:
+    def __init__(self, environment: Mapping[str, str], framework: bool) -> None:
         self.environment = dict(environment)
+        self.framework = framework
         self._process: subprocess.Popen[bytes] | None = None
         self._pending = b""
         self._errors = tempfile.TemporaryFile()  # noqa: SIM115  # the forking process's stderr, closed by close()
         self._running: ForkedSession | None = None
 
-    def serves(self, environment: Mapping[str, str]) -> bool:
+    def serves(self, environment: Mapping[str, str], framework: bool) -> bool:
         """Whether a session in ``environment`` would start as the forked one does."""
-        return read_at_start(environment) == read_at_start(self.environment)
+        return framework == self.framework and read_at_start(environment) == read_at_start(self.environment)
 
     def start(self, request: dict[str, Any]) -> ForkedSession:
         """Fork a session for ``request``; one at a time, each waited for before the next."""
@@ -76,7 +77,7 @@ class Zygote:
         if self._process is None or self._process.poll() is not None:
             self._pending = b""
             self._process = subprocess.Popen(
-                [sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors,
+                [sys.executable, str(SCRIPT), *([] if self.framework else ["--pytest-only"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors,
                 env=self.environment, cwd=tempfile.gettempdir(),
             )  # fmt: skip
             self._reply(START_TIMEOUT_S)
@@ -116,14 +117,15 @@ class Zygotes:
     def __init__(self) -> None:
         self._zygotes: list[Zygote] = []
 
-    def serving(self, environment: Mapping[str, str]) -> Zygote:
-        """A forking process whose sessions start as a fresh one in ``environment`` would."""
+    def serving(self, environment: Mapping[str, str], framework: bool = True) -> Zygote:
+        """A forking process whose sessions start as a fresh one in ``environment`` would,
+        with the framework that ``KERAS_BACKEND`` names imported, or (not ``framework``) pytest alone."""
         for zygote in self._zygotes:
-            if zygote.serves(environment):
+            if zygote.serves(environment, framework):
                 self._zygotes.remove(zygote)
                 break
         else:
-            zygote = Zygote(environment)
+            zygote = Zygote(environment, framework)
             if len(self._zygotes) == KEPT_ZYGOTES:
                 self._zygotes.pop(0).close()
         self._zygotes.append(zygote)
@@ -203,8 +205,9 @@ def outputs(streams: tuple[Path, Path], merged: bool) -> tuple[str, str | None]:
     return streams[0].read_text(), None if merged else streams[1].read_text()
 
 
-def forking_popen(pytester: pytest.Pytester) -> Callable[..., Any]:
-    """``pytester.popen``, forking ``python -m pytest`` runs where it can."""
+def forking_popen(pytester: pytest.Pytester, framework: bool) -> Callable[..., Any]:
+    """``pytester.popen``, forking ``python -m pytest`` runs where it can, from a process with
+    the framework imported, or (not ``framework``) pytest alone."""
     real_popen = pytester.popen
 
     def popen(cmdargs: Sequence[Any], stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
@@ -215,7 +218,7 @@ def forking_popen(pytester: pytest.Pytester) -> Callable[..., Any]:
         to_files = all(isinstance(getattr(stream, "name", None), str) for stream in (stdout, stderr))
         if arguments is None or options or stdin is not pytester.CLOSE_STDIN or not to_files:
             return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
-        return ZYGOTES.serving(environment).start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
+        return ZYGOTES.serving(environment, framework).start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
                                                    "stdout": stdout.name, "stderr": stderr.name})  # fmt: skip
 
     return popen

@@ -5,7 +5,8 @@ Run as a script by ``forked_sessions.Zygote``, its standard input carries one JS
 line with the session's pid, then one with its exit status. The forked session is what
 ``python -m pytest`` in a fresh interpreter would be, with TensorFlow (and the Keras that it
 imports) already in ``sys.modules``, or where ``KERAS_BACKEND`` names another backend, Keras and
-that backend's framework (TensorFlow stays unimported): its streams, working directory, environment, ``sys.argv``
+that backend's framework (TensorFlow stays unimported); with ``--pytest-only``, only pytest, as
+``python -m pytest`` imports it first: its streams, working directory, environment, ``sys.argv``
 and ``sys.path`` are the request's, and its ``atexit`` functions run before it exits.
 
 A forked child does not inherit its parent's page-table entries for the libraries' code and
@@ -26,13 +27,15 @@ import sys
 import traceback
 from pathlib import Path
 
-import numpy  # noqa: F401
 import pytest
 
-if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
-    import tensorflow  # noqa: F401
-else:
-    import keras  # noqa: F401  # and the framework of its backend
+if sys.argv[1:] != ["--pytest-only"]:
+    import numpy  # noqa: F401
+
+    if os.environ.get("KERAS_BACKEND", "tensorflow") == "tensorflow":
+        import tensorflow  # noqa: F401
+    else:
+        import keras  # noqa: F401  # and the framework of its backend
 
 # What the interpreter puts on sys.path after the script's own folder and PYTHONPATH's entries.
 INSTALLED_PATH = [entry for entry in sys.path[1:] if entry not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
