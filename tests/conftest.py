@@ -105,11 +105,10 @@ def pytester(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, request
     """pytest's ``pytester``, its inner runs (in process and in subprocesses) in file order and
     without Hypothesis's plugin; its subprocess runs forked from a process with pytest imported
     (0.27 s of a trivial session's 0.74 s), or with TensorFlow imported in a test marked
-    ``forked_sessions``, or started fresh in a test marked ``fresh_sessions``."""
+    ``forked_sessions``."""
     monkeypatch.setenv("PYTEST_ADDOPTS", INNER_RUN_OPTIONS)
-    if request.node.get_closest_marker("fresh_sessions") is None:
-        framework = request.node.get_closest_marker("forked_sessions") is not None
-        monkeypatch.setattr(pytester, "popen", forked_sessions.forking_popen(pytester, framework))
+    framework = request.node.get_closest_marker("forked_sessions") is not None
+    monkeypatch.setattr(pytester, "popen", forked_sessions.forking_popen(pytester, framework))
     return pytester
 
 
