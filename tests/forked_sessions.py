@@ -1,15 +1,16 @@
-"""Inner pytest sessions forked from a process that has imported TensorFlow.
+"""Inner pytest sessions forked from a process that has imported what they would import first.
 
 Importing TensorFlow took 3 to 6 s of each inner session that used it, on this suite's 2-core
-machines, before the session ran a test (Keras on PyTorch, up to 13 s). Such sessions fork from a
-process that imported the framework once (``session_zygote.py``), as the plugin's isolation forks its children from a template: in a
-test marked ``forked_sessions``, its pytester's ``python -m pytest`` runs
-(``runpytest_subprocess``, ``run``); elsewhere, the runs a test makes with ``run`` here instead
-of ``subprocess.run``. Such a session reads as a fresh one, except that TensorFlow and Keras are
-imported before it starts: tests of what a first import costs, of what a session imports, or of
-TensorFlow's start-up output stay in fresh interpreters. Each worker keeps one forking process per
-environment that TensorFlow or Keras reads when imported (``TF_*``, ``KERAS_BACKEND``...), the two
-last used.
+machines, before the session ran a test (Keras on PyTorch, up to 13 s), and pytest with its
+plugins a third of a trivial session's 0.74 s. Such sessions fork from a process that imported
+them once (``session_zygote.py``), as the plugin's isolation forks its children from a template:
+every pytester ``python -m pytest`` run (``runpytest_subprocess``, ``run``) from one with pytest
+imported; in a test marked ``forked_sessions``, from one with the framework imported; elsewhere,
+the runs a test makes with ``run`` here instead of ``subprocess.run``. Such a session reads as a
+fresh one, except that the framework is imported before it starts: tests of what a first import
+costs, of what a session imports, or of a framework's start-up output are not marked. Each worker
+keeps one forking process per kind and environment read at import (``TF_*``,
+``KERAS_BACKEND``...), the three last used.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ class Zygote:
     def _started(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
             self._pending = b""
+            command = [sys.executable, str(SCRIPT), *([] if self.framework else ["--pytest-only"])]
             self._process = subprocess.Popen(
-                [sys.executable, str(SCRIPT), *([] if self.framework else ["--pytest-only"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors,
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors,
                 env=self.environment, cwd=tempfile.gettempdir(),
             )  # fmt: skip
             self._reply(START_TIMEOUT_S)

@@ -1,4 +1,4 @@
-"""A process that has imported a framework and forks one inner pytest session per request.
+"""A process that has imported pytest or a framework, and forks one inner pytest session per request.
 
 Run as a script by ``forked_sessions.Zygote``, its standard input carries one JSON request a line
 (``argv``, ``cwd``, ``env``, ``stdout`` and ``stderr`` paths) and its standard output one JSON
