@@ -34,6 +34,9 @@ READ_AT_START = ("TF_", "KERAS_", "XLA_", "JAX_", "CUDA", "OMP_", "OPENBLAS_", "
                  "GLIBC_", "PYTHON")
 START_TIMEOUT_S = 300.0
 KEPT_ZYGOTES = 3  # one with pytest alone, two with a framework's import (about 0.5 GiB each)
+# Linux alone: macOS's and Windows' jobs start fresh interpreters (no fork on Windows; the forked
+# child maps its parent's pages again through /proc, which macOS lacks).
+FORKS = sys.platform.startswith("linux")
 
 
 def read_at_start(environment: Mapping[str, str]) -> dict[str, str]:
@@ -179,7 +182,7 @@ def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str
     command = [os.fspath(argument) for argument in command]
     arguments = pytest_arguments(command)
     environment = dict(os.environ if env is None else env)
-    if arguments is None:
+    if arguments is None or not FORKS:
         return subprocess.run(command, cwd=cwd, env=environment, stdout=subprocess.PIPE, text=True, timeout=timeout,
                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, check=check)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="tfmem-forked-") as folder:
@@ -218,7 +221,7 @@ def forking_popen(pytester: pytest.Pytester, framework: bool) -> Callable[..., A
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), environment.get("PYTHONPATH", "")]))
         to_files = all(isinstance(getattr(stream, "name", None), str) for stream in (stdout, stderr))
-        if arguments is None or options or stdin is not pytester.CLOSE_STDIN or not to_files:
+        if arguments is None or not FORKS or options or stdin is not pytester.CLOSE_STDIN or not to_files:
             return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
         return ZYGOTES.serving(environment, framework).start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
                                                    "stdout": stdout.name, "stderr": stderr.name})  # fmt: skip
