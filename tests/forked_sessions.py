@@ -60,15 +60,17 @@ class Zygote:
         """Whether a session in ``environment`` would start as the forked one does."""
         return framework == self.framework and read_at_start(environment) == read_at_start(self.environment)
 
-    def start(self, request: dict[str, Any]) -> ForkedSession:
-        """Fork a session for ``request``; one at a time, each waited for before the next."""
+    def start(self, argv: Sequence[str], cwd: str, env: Mapping[str, str], stdout: str, stderr: str) -> ForkedSession:
+        """Fork ``python -m pytest <argv>`` in ``cwd`` and ``env``, its streams appended to the files
+        ``stdout`` and ``stderr``; one at a time, each waited for before the next."""
         if self._running is not None:
             raise RuntimeError(f"a forked session is still running: {self._running.args}")
         process = self._started()
         assert process.stdin is not None
+        request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "stdout": stdout, "stderr": stderr}
         process.stdin.write(json.dumps(request).encode() + b"\n")
         process.stdin.flush()
-        self._running = ForkedSession(self, self._reply(START_TIMEOUT_S)["pid"], request["argv"])
+        self._running = ForkedSession(self, self._reply(START_TIMEOUT_S)["pid"], argv)
         return self._running
 
     def exit_status(self, timeout: float | None) -> int:
@@ -117,12 +119,12 @@ class Zygote:
 
 
 class Zygotes:
-    """This process's forking processes, one per environment read at import, the last used kept."""
+    """This process's forking processes, one per kind and environment read at import, the last used kept."""
 
     def __init__(self) -> None:
         self._zygotes: list[Zygote] = []
 
-    def serving(self, environment: Mapping[str, str], framework: bool = True) -> Zygote:
+    def serving(self, environment: Mapping[str, str], framework: bool) -> Zygote:
         """A forking process whose sessions start as a fresh one in ``environment`` would,
         with the framework that ``KERAS_BACKEND`` names imported, or (not ``framework``) pytest alone."""
         for zygote in self._zygotes:
@@ -189,10 +191,9 @@ def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str
         streams = (Path(folder, "stdout"), Path(folder, "stdout" if merged else "stderr"))
         for stream in streams:
             stream.touch()
-        session = ZYGOTES.serving(environment).start({
-            "argv": arguments, "cwd": os.path.abspath(cwd), "env": environment,
-            "stdout": str(streams[0]), "stderr": str(streams[1]),
-        })  # fmt: skip
+        session = ZYGOTES.serving(environment, framework=True).start(
+            arguments, os.path.abspath(cwd), environment, str(streams[0]), str(streams[1])
+        )
         try:
             returncode = session.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -223,7 +224,6 @@ def forking_popen(pytester: pytest.Pytester, framework: bool) -> Callable[..., A
         to_files = all(isinstance(getattr(stream, "name", None), str) for stream in (stdout, stderr))
         if arguments is None or not FORKS or options or stdin is not pytester.CLOSE_STDIN or not to_files:
             return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
-        return ZYGOTES.serving(environment, framework).start({"argv": arguments, "cwd": os.getcwd(), "env": environment,
-                                                   "stdout": stdout.name, "stderr": stderr.name})  # fmt: skip
+        return ZYGOTES.serving(environment, framework).start(arguments, os.getcwd(), environment, stdout.name, stderr.name)
 
     return popen

@@ -55,7 +55,8 @@ class Project:
         self.git("commit", "-q", "-m", f"commit {number}")
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """A session forked from a process with TensorFlow imported, as every one of them is."""
+        """A pytest session forked from a process with TensorFlow imported, as every one of them
+        is; ``tfmem compare`` in a fresh interpreter."""
         return forked_sessions.run([sys.executable, *args], cwd=self.folder, timeout=600,
                                    env={**os.environ, **ENVIRONMENT})  # fmt: skip
 
