@@ -1,17 +1,17 @@
-"""What a small Keras fit adds to RSS in the process that imported Keras and in a fork of it, by kind.
+"""What a small Keras fit adds to RSS in the process that imported Keras and in forks of it, by kind.
 
     KERAS_BACKEND=torch python -m benchmarks.fork_file_pages
 
-The process imports Keras (and its backend) and forks, as tfmem's isolation template does; the
-fork and then the process start the backend's runtime with one tiny computation (tfmem books that
-apart) and run the same fit, each printing the
-growth of ``VmRSS`` and of its parts, ``RssAnon`` (memory the process wrote) and ``RssFile`` (pages
-of files it mapped, library code among them). Linux does not copy a fork the page table entries of
-file mappings that were never written, so the fork maps again each library page it runs, although
-the page is in the page cache and shared: its ``RssFile`` grows by what the parent had mapped
-already. That is what a test isolated in a fork of the session (``--tfmem-isolate``, the default
-``tfmem_isolate_start = fork``) counts beyond what it counts in process (docs/isolation.md, "The
-figures of a forked test"). It uses no pytest-tfmem code.
+The process imports Keras (and its backend) and forks twice, as tfmem's isolation template does;
+each fork and then the process start the backend's runtime with one tiny computation (tfmem books
+that apart) and run the same fit, each printing the growth of ``VmRSS`` and of its parts,
+``RssAnon`` (memory the process wrote) and ``RssFile`` (pages of files it mapped, library code
+among them). Linux does not copy a fork the page table entries of file mappings that were never
+written, so a plain fork maps again each library page it runs, although the page is in the page
+cache and shared: its ``RssFile`` grows by what the parent had mapped already. That is what a test
+isolated in a fork counted beyond what it counts in process; the second fork first maps again the
+file pages its parent had in memory (``pytest_tfmem.platforms.file_pages``), as tfmem's isolated
+forks now do, and grows as the parent does (docs/isolation.md, "The figures of a forked test").
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import os
 from typing import Any
 
 import numpy as np
+
+from pytest_tfmem.platforms.file_pages import FilePages
 
 FIELDS = ("VmRSS", "RssAnon", "RssFile")
 
@@ -51,22 +53,33 @@ def growth_of_a_fit(keras: Any) -> dict[str, int]:
     return {key: after[key] - before[key] for key in FIELDS}
 
 
-def main() -> None:
-    keras = importlib.import_module("keras")
+def growth_in_a_fork(keras: Any, file_pages: FilePages | None) -> dict[str, int]:
+    """The growth of a fit in a fork of this process, which first maps ``file_pages`` again if given."""
     reading, writing = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(reading)
+        if file_pages is not None:
+            file_pages.map_again()
         os.write(writing, json.dumps(growth_of_a_fit(keras)).encode())
         os._exit(0)
     os.close(writing)
     with os.fdopen(reading, "rb") as pipe:
-        in_fork = json.loads(pipe.read())
+        growth = json.loads(pipe.read())
     os.waitpid(pid, 0)
-    in_parent = growth_of_a_fit(keras)
-    print(json.dumps({"backend": keras.backend.backend(), "fork": in_fork, "parent": in_parent}))
-    for name, growth in (("fork", in_fork), ("parent", in_parent)):
-        print(f"{name:6}  " + "  ".join(f"{key} +{growth[key] / 2**20:.1f} MiB" for key in FIELDS))
+    return growth
+
+
+def main() -> None:
+    keras = importlib.import_module("keras")
+    figures = {
+        "fork": growth_in_a_fork(keras, None),
+        "fork_mapped_again": growth_in_a_fork(keras, FilePages.read()),
+        "parent": growth_of_a_fit(keras),
+    }
+    print(json.dumps({"backend": keras.backend.backend(), **figures}))
+    for name, growth in figures.items():
+        print(f"{name:17}  " + "  ".join(f"{key} +{growth[key] / 2**20:.1f} MiB" for key in FIELDS))
 
 
 if __name__ == "__main__":

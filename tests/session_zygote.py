@@ -12,20 +12,21 @@ and ``sys.path`` are the request's, and its ``atexit`` functions run before it e
 A forked child does not inherit its parent's page-table entries for the libraries' code and
 read-only data: it would fault them in again as its first tests ran them, 450 MiB of resident
 memory that a fresh process has before its first test, and the figures of the first tests would
-grow by what they touched (a gate run's first test read +23 MiB retained). Each child maps again,
-with ``MADV_POPULATE_READ`` (Linux 5.14), the file-backed pages that were resident here.
+grow by what they touched (a gate run's first test read +23 MiB retained). Each child maps again
+the file-backed pages that were resident here, as the plugin's isolated forks do
+(``pytest_tfmem/platforms/file_pages.py``).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
+import importlib.util
 import json
 import os
-import struct
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -40,47 +41,27 @@ if sys.argv[1:] != ["--pytest-only"]:
 # What the interpreter puts on sys.path after the script's own folder and PYTHONPATH's entries.
 INSTALLED_PATH = [entry for entry in sys.path[1:] if entry not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
 PYTEST_MAIN = str(Path(pytest.__file__).with_name("__main__.py"))
-PAGE = os.sysconf("SC_PAGE_SIZE")
-MADV_POPULATE_READ = 22
-PRESENT = 1 << 63  # a /proc/self/pagemap entry's bit: the page is in memory
 
 
-def resident_file_pages() -> list[tuple[int, int]]:
-    """The (address, length) ranges of this process's file-backed mappings that are in memory."""
-    ranges = []
-    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
-        for line in maps:
-            fields = line.split()
-            if len(fields) < 6 or not fields[5].startswith("/"):
-                continue
-            start, end = (int(address, 16) for address in fields[0].split("-"))
-            pagemap.seek(start // PAGE * 8)
-            count = (end - start) // PAGE
-            entries = struct.unpack(f"{count}Q", pagemap.read(count * 8))
-            first = None
-            for index, entry in enumerate((*entries, 0)):
-                if entry & PRESENT and first is None:
-                    first = index
-                elif not entry & PRESENT and first is not None:
-                    ranges.append((start + first * PAGE, (index - first) * PAGE))
-                    first = None
-    return ranges
+def _load_file_pages() -> ModuleType:
+    """The plugin's ``platforms/file_pages.py``, by its path: the sessions forked here import
+    pytest-tfmem themselves, or never (``-p no:tfmem``)."""
+    path = Path(importlib.util.find_spec("pytest_tfmem").origin).with_name("platforms") / "file_pages.py"
+    spec = importlib.util.spec_from_file_location("_tests_file_pages", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # for its dataclass
+    spec.loader.exec_module(module)
+    return module
 
 
-def map_again(ranges: list[tuple[int, int]]) -> None:
-    """In the forked child: fault in what was resident in the parent, as a fresh process has it."""
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    for address, length in ranges:
-        if madvise(address, length, MADV_POPULATE_READ) != 0:
-            return  # an older kernel: the session reads as forked sessions did before
+FilePages = _load_file_pages().FilePages
 
 
-def run_session(request: dict, resident: list[tuple[int, int]]) -> None:
+def run_session(request: dict, resident: FilePages) -> None:
     """In the forked child: become ``python -m pytest <argv>`` and exit with its status."""
     code = 1
     try:
-        map_again(resident)
+        resident.map_again()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         for descriptor, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -106,7 +87,7 @@ def run_session(request: dict, resident: list[tuple[int, int]]) -> None:
 
 
 def serve() -> None:
-    resident = resident_file_pages()
+    resident = FilePages.read()
     for line in iter(sys.stdin.buffer.readline, b""):
         request = json.loads(line)
         pid = os.fork()

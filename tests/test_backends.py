@@ -335,7 +335,7 @@ def test_a_jax_device_out_of_memory_error_fails_as_device_out_of_memory(tmp_path
     assert "FAILED test_oom.py::test_asks_jax_for_four_tebibytes - tfmem: " in done.stdout
 
 
-@pytest.mark.longest  # four sessions one after the other: about 45 s
+@pytest.mark.longest  # four sessions one after the other
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed (its CPU tests run where it is)")
 def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_first_in_process_isolated_and_under_xdist(
     tmp_path: Path,
@@ -345,10 +345,9 @@ def test_keras_on_pytorch_runtime_start_is_booked_apart_whichever_test_uses_it_f
         "sum first": (*ORDERS["sum first"], "--tfmem-budget=1GB"),
         "fit first": (*ORDERS["fit first"], "--tfmem-budget=1GB"),
         "xdist": (*ORDERS["sum first"], "--tfmem-budget=1GB", "-n", "2"),
-        # Isolated in fresh interpreters: a fork of the session maps PyTorch's library pages again
-        # as the test runs them, and they count in its figures (docs/isolation.md, "The figures of
-        # a forked test"); a spawned child maps them itself, as the session did.
-        "isolated": (*ORDERS["fit first"], "--tfmem-budget=1GB", "--tfmem-isolate", "--tfmem-isolate-start=spawn"),
+        # Isolated in forks, which map the session's library pages again before the test, as a
+        # fresh interpreter has them (docs/isolation.md, "The figures of a forked test").
+        "isolated": (*ORDERS["fit first"], "--tfmem-budget=1GB", "--tfmem-isolate"),
     }
     peaks: dict[str, dict[str, float]] = {}
     for name, args in plans.items():

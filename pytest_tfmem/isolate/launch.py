@@ -97,6 +97,7 @@ def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> 
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    file_pages = platforms.current().resident_file_pages()
     with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads; none run Python in the fork
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = platforms.current().fork()
@@ -104,6 +105,7 @@ def fork_session(spec_path: Path, log: int, cwd: Path, close: socket.socket) -> 
         return SessionFork(pid)
     code = 1
     try:
+        file_pages.map_again()  # the session's libraries, as it has them: the template's forks map them again in turn
         close.close()  # else the template would hold its own channel open and never see it end
         stdin = os.open(os.devnull, os.O_RDONLY)
         os.dup2(stdin, 0)

@@ -10,7 +10,8 @@ In a fork of the session, the modules the session imported (``conftest.py`` file
 modules, TensorFlow) are imported already, and are not run again.
 Where pytest would collect, the template imports the heavy modules the session uses
 (TensorFlow, Keras; never starting TensorFlow's runtime), freezes its objects out of the
-garbage collector (so collections in the forks do not copy its pages), says it is ready,
+garbage collector (so collections in the forks do not copy its pages), notes the library pages
+it has in memory (each fork maps them again before its test: ``platforms.file_pages``), says it is ready,
 and serves requests: for each it forks; the fork becomes that test's process and
 continues the pytest run from there (collection narrowed to the test, its runtest protocol,
 session finish), or the session's replacement process (``replacement.py``: collection of the
@@ -52,6 +53,7 @@ from pytest_tfmem.core.manager import manager
 from pytest_tfmem.core.subsession import die_with_parent
 from pytest_tfmem.isolate.child import ChildRun, ChildSpec, single_test_options
 from pytest_tfmem.isolate.replacement import ReplacementRun, ReplacementSpec
+from pytest_tfmem.platforms.file_pages import FilePages
 
 EXIT_NOT_FORKED = 3  # a fork that ended outside pytest's own exit path
 
@@ -107,6 +109,7 @@ class TemplateRun:
         self.pid = os.getpid()
         self.forked = False  # this process is a fork that runs tests for the session
         self.collect_cost = 0.0  # seconds of the full collection before forking
+        self.file_pages = FilePages()  # what a fork maps again before its test: the template's libraries
         self.exitstatus = 0
 
     @pytest.hookimpl(tryfirst=True)  # before pytest's own main, which runs the session
@@ -146,6 +149,7 @@ class TemplateRun:
         gc.collect()
         gc.freeze()
         self.collect_cost = time.perf_counter() - started
+        self.file_pages = platforms.current().resident_file_pages()
         send(self.channel, {"event": "ready", "pid": self.pid, "fork": reason is None, "reason": reason,
                             "problems": problems})
         if reason is not None:
@@ -207,6 +211,7 @@ class TemplateRun:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a spawned child
         self.channel.close()
         die_with_parent(self.pid)
+        self.file_pages.map_again()  # as the template had them: the test counts none of them
         spec: ChildSpec | ReplacementSpec
         if "test" in request:
             spec = ChildSpec(**request["test"])

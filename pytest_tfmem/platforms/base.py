@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .file_pages import FilePages
+
 # How a peak figure was obtained.
 EXACT = "exact"  # a mark the operating system keeps and this process can reset: nothing sampled
 EXACT_IF_RAISED = "exact-if-raised"  # a lifetime mark: exact for a window that raised it
@@ -191,6 +193,11 @@ class Platform(Protocol):
 
     def fork_reaper(self) -> ForkReaper:
         """Reaps this process's forks as they end, where it can fork."""
+        ...
+
+    def resident_file_pages(self) -> FilePages:
+        """This process's file-backed pages in memory, which a fork of it maps again before its
+        test (``FilePages.map_again``); none where a fork has them mapped already, or cannot be told."""
         ...
 
     passes_descriptors: bool  # a spawned process can inherit a socket (``pass_fds``)

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from . import cgroups
 from .base import EXACT, EXACT_IF_RAISED, RSS, SAMPLED, MemoryLimit, Missing, OomKillCount
+from .file_pages import FilePages
 from .portable import descendants_from_parents, psutil
 from .posix import Posix
 
@@ -226,6 +227,10 @@ class Linux(Posix):
 
     def fork_missing(self) -> str | None:
         return None if hasattr(os, "fork") else "this Python has no fork()"
+
+    def resident_file_pages(self) -> FilePages:
+        """Linux maps a fork's file pages again only as it touches them (``file_pages``)."""
+        return FilePages.read()
 
     def die_with_parent(self, parent_pid: int) -> None:
         """The kernel SIGKILLs this process when its parent dies (``PR_SET_PDEATHSIG``)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import RSS, SAMPLED, Ending, ForkReaper, MemoryLimit, Missing, OomKillCount, ProcessTable, signal_name
+from .file_pages import FilePages
 from .locks import directory_lock
 
 _PARENT_POLL_S = 0.5
@@ -165,6 +166,9 @@ class Portable:
 
     def fork_reaper(self) -> ForkReaper:
         raise OSError(self.fork_missing())
+
+    def resident_file_pages(self) -> FilePages:
+        return FilePages()
 
     def die_with_parent(self, parent_pid: int) -> None:
         def watch() -> None:
