@@ -71,9 +71,13 @@ def test_the_failure_shows_the_growth_the_readings_and_the_growing_list(pytester
         "  growth per iteration  host RSS +9* KiB",
         "  growing types         none: the growth is not in gc-tracked Python objects *",
         "  growing containers    +1 items per iteration: list 'KEPT' (global of test_loops) holding ndarray (3 -> 13)",
-        "  host RSS readings     *, then +[01].[09] +1.9 +2.9 * MiB",  # 1 MB = 0.95 MiB: +0.9 or +1.0
+        "  host RSS readings     *, then +* MiB",
         "FAILED test_loops.py::test_leaking_loop* - tfmem: *",
     ])
+    # each reading 1 MB (0.95 MiB) above the one before it, to a rounding either way: +0.9 +1.9 +2.8 ...
+    readings = next(line for line in result.outlines if line.startswith("  host RSS readings"))
+    steps = [float(figure) for figure in readings.split(", then ")[1].removesuffix(" MiB").split()]
+    assert len(steps) == 10 and all(abs(step - 0.954 * (n + 1)) < 0.1 for n, step in enumerate(steps)), readings
 
 
 class Payload:
