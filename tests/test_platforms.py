@@ -582,3 +582,26 @@ def test_without_proc_a_session_measures_through_psutil(pytester: pytest.Pyteste
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([BIG_OVER_BUDGET])
     assert "INTERNALERROR" not in result.stdout.str()
+
+
+@pytest.mark.linux
+def test_a_fork_that_maps_the_file_pages_again_holds_them_as_its_parent_does():
+    """``resident_file_pages``: the libraries this process has in memory; a fork holds few of them
+    until it maps them again. Elsewhere (no ``/proc``, or no fork to give them) there are none."""
+    from pytest_tfmem.platforms.linux import Linux
+
+    assert Portable().resident_file_pages().ranges == ()
+    pages = Linux().resident_file_pages()
+    assert pages.size > 10 * MIB  # the interpreter, NumPy and pytest's modules' libraries at least
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        before = Linux().resident_file_pages().size
+        pages.map_again()
+        os.write(writing, json.dumps([before, Linux().resident_file_pages().size]).encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading) as pipe:
+        before, after = json.loads(pipe.read())
+    os.waitpid(pid, 0)
+    assert before < pages.size / 2 < pages.size * 0.9 < after, (before, pages.size, after)
