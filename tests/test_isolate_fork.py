@@ -113,7 +113,8 @@ def test_a_bad_start_method_is_a_usage_error(pytester: pytest.Pytester, args: li
 
 @pytest.mark.linux  # forks of the template
 @pytest.mark.slow  # TensorFlow starts in the session, in the template and in each child
-def test_a_template_whose_tensorflow_runtime_started_falls_back_to_spawn(pytester: pytest.Pytester):
+@pytest.mark.forked_sessions  # the session's import of TensorFlow, paid before it; its runtime starts in it
+def test_a_runtime_started_while_pytest_configured_spawns_isolated_tests_without_a_template(pytester: pytest.Pytester):
     pytester.makeconftest(
         """
         import tensorflow as tf
@@ -141,6 +142,8 @@ def test_a_template_whose_tensorflow_runtime_started_falls_back_to_spawn(pyteste
             "template process: TensorFlow's runtime was started while pytest configured*",
         ]
     )
+    # no template was started to find it out: it would have configured as the session did
+    assert list(pytester.path.rglob("tfmem-template*")) and not list(pytester.path.rglob("template.log"))
 
 
 @pytest.mark.linux  # forks of the template
@@ -177,6 +180,7 @@ def test_a_template_that_fails_to_start_falls_back_to_spawn_and_shows_its_output
 
 @pytest.mark.linux  # forks of the template
 @pytest.mark.slow  # TensorFlow starts in the session, in the template and in each test's fork
+@pytest.mark.forked_sessions  # the session's import of TensorFlow, paid before it; its runtime starts in it
 def test_tests_that_start_tensorflow_on_import_get_a_template_of_a_fresh_interpreter(pytester: pytest.Pytester):
     """Collecting this module starts TensorFlow's runtime in the session, so forking the session
     is not safe; a fresh interpreter imports TensorFlow without starting it and is forked."""

@@ -276,6 +276,11 @@ class Launcher:
         if method == FORK and self.method == SPAWN:
             self.fallback = fork_missing
 
+    def spawn_instead(self, reason: str) -> None:
+        """Start every process as a fresh interpreter: ``reason`` says why no template could fork."""
+        if self.method == FORK:
+            self.method, self.fallback = SPAWN, reason
+
     def prepare(self, template_dir: Path) -> None:
         """Start the template now (before the session's first test), without waiting for it."""
         if self.method == FORK and self.template is None:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import pytest
 
-from pytest_tfmem import platforms
+from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.core import features, processes, pytest_internals, settings
 from pytest_tfmem.core.features import Summary
 from pytest_tfmem.core.manager import ARGUMENTS, RECORD, manager
@@ -165,6 +165,7 @@ class TfmemIsolation:
             )
         self.launcher: Launcher | None = None
         self._fallback_told = False
+        self._configured_unsafe: str | None = None  # why no template could fork (``pytest_sessionstart``)
         self.session_limit = limit_setting(config)
         self.limit_summary = LimitSummary(self.session_limit) if self.session_limit is not None else None
         self.watch: LimitWatch | None = None
@@ -218,6 +219,10 @@ class TfmemIsolation:
     def pytest_sessionstart(self) -> None:
         if self.auto:
             self.auto_reasons()
+        # A runtime started while pytest configured (by a conftest.py file, a plugin) starts in a
+        # template too, which configures as this session did: no template could fork, and starting
+        # one would cost a fresh interpreter's imports for nothing.
+        self._configured_unsafe = fork_unsafe_reason() if frameworks.started() else None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -318,6 +323,8 @@ class TfmemIsolation:
                 processes.session(self.config).to_dict(),
                 manager(self.config).template_pids,
             )
+            if self._configured_unsafe is not None:
+                self.launcher.spawn_instead(self._configured_unsafe)
         return self.launcher
 
     def _tell_fallback(self) -> None:
