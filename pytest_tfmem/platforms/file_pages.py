@@ -4,18 +4,19 @@ Linux does not copy a fork the page-table entries of file mappings never written
 and read-only data): the fork maps each such page again the first time it touches it, though the
 pages are in memory and shared, and its resident size and high-water mark count them then. A test
 run in a fork of a process that imported TensorFlow would count the library pages it runs, which a
-fresh interpreter mapped while it imported them: a small Keras fit read 29.4 MiB in a fork against
-16.0 MiB in process (``python -m benchmarks.fork_file_pages``). ``FilePages.read()`` in the parent
+fresh interpreter mapped while it imported them: a small Keras fit grew a plain fork by 32.4 MiB and
+the process by 14.1 MiB (``python -m benchmarks.fork_file_pages``). ``FilePages.read()`` in the parent
 notes the ranges in memory (``/proc/self/maps`` and ``/proc/self/pagemap``'s present bit), and
 ``map_again()`` in the fork faults them in with ``madvise(MADV_POPULATE_READ)`` (Linux 5.14),
 before the test: the fork then reads as the parent, or a fresh interpreter, would.
 
-Only the standard library: the project's tests' forking process loads this module by its path.
+Only the standard library, ``ctypes`` once there is something to map: ``tfmem run``'s agent loads
+the platform modules into a script's process, and the project's tests' forking process loads this
+one by its path.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import struct
@@ -67,6 +68,8 @@ class FilePages:
         kernel older than 5.14, which does not know the advice; a range no longer mapped is skipped."""
         if not self.ranges:
             return
+        import ctypes
+
         madvise = ctypes.CDLL(None, use_errno=True).madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         for address, length in self.ranges:
