@@ -149,11 +149,11 @@ class TemplateRun:
         gc.collect()
         gc.freeze()
         self.collect_cost = time.perf_counter() - started
-        self.file_pages = platforms.current().resident_file_pages()
         send(self.channel, {"event": "ready", "pid": self.pid, "fork": reason is None, "reason": reason,
                             "problems": problems})
         if reason is not None:
             self._serve_nothing()
+        self.file_pages = platforms.current().resident_file_pages()  # read where forks will follow
         reaper = platforms.current().fork_reaper()
         selector = selectors.DefaultSelector()
         selector.register(self.channel, selectors.EVENT_READ)
