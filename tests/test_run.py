@@ -245,6 +245,38 @@ def test_ctrl_c_reaches_the_script_and_sigterm_is_passed_on(tmp_path: Path):
             assert "stopped by SIGTERM from outside" in err and "sent by tfmem run, which passed on" in err
 
 
+SLOW_NVML = """
+import os
+import time
+
+open(os.environ["NVML_OPENING"], "w").close()
+time.sleep(3)  # an import as slow as pynvml's on a busy machine
+raise ImportError("no NVML here")
+"""
+
+
+def test_ctrl_c_while_tfmem_run_still_opens_its_gpu_view_is_the_scripts(tmp_path: Path):
+    (tmp_path / "waits.py").write_text(WAITS)
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "pynvml.py").write_text(SLOW_NVML)
+    opening = tmp_path / "opening"
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1", "NVML_OPENING": str(opening),
+                   "PYTHONPATH": os.pathsep.join([str(fakes), os.environ.get("PYTHONPATH", "")])}
+    process = subprocess.Popen([sys.executable, "-m", "pytest_tfmem.cli.main", "run", "waits.py"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment,
+                               start_new_session=True)
+    assert process.stdout is not None and process.stdout.readline() == "ready\n"
+    deadline = time.monotonic() + 30
+    while not opening.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert opening.exists()
+    os.killpg(process.pid, signal.SIGINT)  # while tfmem run sleeps in the stand-in pynvml's import
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 5, err
+    assert out == "the script got SIGINT\n" and "KeyboardInterrupt" not in err, err
+
+
 def test_budget_passed_exits_1_with_a_verdict(tmp_path: Path):
     (tmp_path / "grow.py").write_text(GROW)
     done = tfmem_run(tmp_path, "--budget", "100MB", "grow.py", "15")

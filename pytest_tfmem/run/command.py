@@ -201,21 +201,48 @@ def _numbers(names: tuple[str, ...]) -> list[int]:
     return [getattr(signal, name) for name in names if hasattr(signal, name)]
 
 
-@contextmanager
-def _signals_passed_to(process: subprocess.Popen[bytes]) -> Iterator[list[str]]:
-    """While the child runs: ignore SIGINT/SIGQUIT (the terminal sends them to the child too),
-    pass SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 on; the list names those that were passed on."""
-    passed: list[str] = []
+class PassedSignals:
+    """The signals ``tfmem run`` passed on to its child, in order; one that came before the child
+    existed is passed on as soon as it does."""
 
-    def pass_on(number: int, _frame: object) -> None:
-        passed.append(signal.Signals(number).name)
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.process: subprocess.Popen[bytes] | None = None
+        self._waiting: list[int] = []
+
+    def pass_on(self, number: int, _frame: object) -> None:
+        self.names.append(signal.Signals(number).name)
+        if self.process is None:
+            self._waiting.append(number)
+        else:
+            self._send(number)
+
+    def started(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        while self._waiting:
+            self._send(self._waiting.pop(0))
+
+    def _send(self, number: int) -> None:
+        assert self.process is not None
         try:
-            process.send_signal(number)
+            self.process.send_signal(number)
         except ProcessLookupError:
             pass
 
-    before = {number: signal.signal(number, signal.SIG_IGN) for number in _numbers(IGNORED)}
-    before.update({number: signal.signal(number, pass_on) for number in _numbers(PASSED_ON)})
+
+def _not_ours(_number: int, _frame: object) -> None:
+    """SIGINT and SIGQUIT come from the terminal to the child too: the child answers them."""
+
+
+@contextmanager
+def _signals_passed_on() -> Iterator[PassedSignals]:
+    """From before the child starts until it ends: leave SIGINT/SIGQUIT to the child, pass SIGTERM,
+    SIGHUP, SIGUSR1 and SIGUSR2 on. Python handlers, not SIG_IGN: exec resets a handler to the
+    default, so the child answers Ctrl-C as it would alone, while an ignored signal would stay
+    ignored in it."""
+    passed = PassedSignals()
+    before = {number: signal.signal(number, _not_ours) for number in _numbers(IGNORED)}
+    before.update({number: signal.signal(number, passed.pass_on) for number in _numbers(PASSED_ON)})
     try:
         yield passed
     finally:
@@ -247,14 +274,16 @@ def run(target: Target, options: RunOptions) -> int:
         if options.gpu_budget is not None:  # GPU figures of a framework's pool would say nothing
             environment = dict(os.environ)
             gpu_environment = frameworks.set_gpu_environment(environment)
-        process = subprocess.Popen(target.child_argv(readings), env=environment)
-        gpu, gpu_sampler = _open_gpu(options, process.pid)
 
         def on_reading(elapsed: float, rss: int) -> None:
             if journaling:
                 journal.reading(elapsed, rss, tail.poll)
 
-        with _signals_passed_to(process) as passed:
+        # in place before the child starts: a Ctrl-C while tfmem run still opens its GPU view is the child's
+        with _signals_passed_on() as passed:
+            process = subprocess.Popen(target.child_argv(readings), env=environment)
+            passed.started(process)
+            gpu, gpu_sampler = _open_gpu(options, process.pid)
             result = Watchdog(process, options.kill_at, options.watch_interval_s, on_reading, told.size).wait()
         gpu_peaks: dict[str, int] = {}
         if gpu_sampler is not None and gpu is not None:
@@ -263,7 +292,7 @@ def run(target: Target, options: RunOptions) -> int:
             gpu.close()
         agent = summary.AgentView.read(readings)
         try:
-            outcome = summarise(target, options, result, process.pid, passed, limit, agent, gpu_peaks, started,
+            outcome = summarise(target, options, result, process.pid, passed.names, limit, agent, gpu_peaks, started,
                                 gpu_environment)
             lines = outcome.lines()
         except Exception as error:  # the figures were cut short in a way not foreseen: the exit code stands
