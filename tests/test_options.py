@@ -174,16 +174,20 @@ def test_no_tfmem_tf_warmup_leaves_the_runtime_to_the_test_despite_the_ini_file(
     pytester: pytest.Pytester, arguments: list[str], started: bool
 ):
     pytester.makeini("[pytest]\ntfmem_tf_warmup = true\n")
+    pytester.makeconftest("import tensorflow")  # imported while pytest configures, before the session starts
     pytester.makepyfile(
         f"""
+        import sys
+
         import pytest
-        import tensorflow as tf
 
         from pytest_tfmem.frameworks.tensorflow import runtime_started
 
         @pytest.mark.tfmem
         def test_first():
             assert runtime_started() is {started}
+            # left to the test, tfmem created not even TensorFlow's eager context: devices stay the test's to set
+            assert (sys.modules["tensorflow.python.eager.context"]._context is not None) is {started}
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *arguments)

@@ -41,11 +41,16 @@ def _eager_context() -> Any:
     return context.context()
 
 
+def _devices_initialised() -> bool:
+    """Whether TensorFlow's eager context exists and has initialised its devices. It reads the
+    context and creates none: ``context.context()`` would create one."""
+    context = getattr(sys.modules.get("tensorflow.python.eager.context"), "_context", None)
+    return bool(context is not None and getattr(context, "_initialized", False))
+
+
 def runtime_started() -> bool:
     """True once TensorFlow has initialised its devices (after which they can't be configured)."""
-    if loaded_tensorflow() is None:
-        return False
-    return bool(getattr(_eager_context(), "_initialized", True))
+    return loaded_tensorflow() is not None and _devices_initialised()
 
 
 def runtime_started_elsewhere() -> bool:
@@ -56,8 +61,7 @@ def runtime_started_elsewhere() -> bool:
     tf = sys.modules.get(MODULE)
     if tf is None or getattr(getattr(tf, "__spec__", None), "_initializing", False) or not hasattr(tf, "config"):
         return False
-    context = getattr(sys.modules.get("tensorflow.python.eager.context"), "_context", None)
-    return bool(context is not None and getattr(context, "_initialized", False))
+    return _devices_initialised()
 
 
 class TFAllocator:
