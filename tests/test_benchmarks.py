@@ -223,3 +223,21 @@ def test_a_fork_maps_again_the_library_pages_a_fit_runs():
     assert fork["RssFile"] > parent["RssFile"] + 4 * 2**20, figures
     gap = fork["VmRSS"] - parent["VmRSS"]
     assert fork["RssFile"] - parent["RssFile"] > 0.7 * gap, figures  # the gap is in file pages
+
+
+def test_what_stayed_weighs_each_type_once_and_names_what_the_test_kept():
+    """``benchmarks/what_stayed_cost.py``: the look at what stayed, timed beside the same objects
+    sized one by one, names the kinds the test kept, with the bytes it counted."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.what_stayed_cost", "--objects", "3000"], capture_output=True, text=True,
+        timeout=120, cwd=REPOSITORY, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = completed.stdout.splitlines()
+    count = re.fullmatch(r"([\d,]+) new objects, 1,000 of them kept by the test in a list", lines[0])
+    assert count is not None and int(count[1].replace(",", "")) >= 3000, lines[0]
+    assert re.fullmatch(r"what stayed, as tfmem reads it: \d+\.\d ms \(\d+\.\d\d us an object\)", lines[1]), lines[1]
+    assert re.fullmatch(r"the same objects sized one by one: \d+\.\d ms \(\d+\.\d\d us an object\): x\d+\.\d", lines[2])
+    assert lines[3].startswith("new objects alive: ") and "function +1000 (" in lines[3], lines[3]
+    named = re.fullmatch(r"named (\d+\.\d) of (\d+\.\d) KiB", lines[4])
+    assert named is not None and 0 < float(named[1]) <= float(named[2]), lines[4]

@@ -9,6 +9,7 @@ import collections
 import inspect
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 OWN_PACKAGE = __name__.split(".")[0]  # "pytest_tfmem": its own bookkeeping is not the user's
@@ -56,25 +57,48 @@ def size_of(value: object) -> int:
     interpreter's ``object.__sizeof__`` or a builtin type's own ``__sizeof__`` gives it. Attributes
     are looked up on the type, statically: a user object's ``__getattr__``, properties and
     ``__sizeof__`` never run, a lazy module imports nothing, ``pytest.mark`` makes no mark."""
-    kind = type(value)
-    if type_name(kind).split(".", 1)[0] in ARRAY_MODULES:
-        nbytes = _own_attribute(value, kind, "nbytes")
-        if not isinstance(nbytes, int) and _TYPE_QUALNAME.__get__(kind, type) in TENSORS_WITH_VALUES:
-            nbytes = _tensor_bytes(_own_attribute(value, kind, "shape"), _own_attribute(value, kind, "dtype"))
-        if isinstance(nbytes, int):
-            return nbytes
-    sizeof = inspect.getattr_static(kind, "__sizeof__", None)
-    try:
-        if isinstance(sizeof, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-            return int(sizeof(value))  # a builtin type's own (a list's, a dict's, a bytearray's)
-        return int(object.__sizeof__(value))
-    except Exception:
-        return 0
+    return sizer(type(value))(value)
 
 
-def _own_attribute(value: object, kind: type, name: str) -> Any:
+def sizer(kind: type) -> Callable[[Any], int]:
+    """``size_of`` for the objects of ``kind``, its static lookups done once: a caller that sizes
+    many objects keeps one per type (a test can leave tens of thousands of objects behind)."""
+    own_size = _own_size(kind)
+    if type_name(kind).split(".", 1)[0] not in ARRAY_MODULES:
+        return own_size
+    nbytes = inspect.getattr_static(kind, "nbytes", None)
+    if _TYPE_QUALNAME.__get__(kind, type) in TENSORS_WITH_VALUES:
+        shape, dtype = inspect.getattr_static(kind, "shape", None), inspect.getattr_static(kind, "dtype", None)
+    else:
+        shape = dtype = None
+
+    def array_size(value: Any) -> int:
+        size = _through(nbytes, value, kind)
+        if not isinstance(size, int) and shape is not None:
+            size = _tensor_bytes(_through(shape, value, kind), _through(dtype, value, kind))
+        return size if isinstance(size, int) else own_size(value)
+
+    return array_size
+
+
+def _own_size(kind: type) -> Callable[[Any], int]:
+    """A builtin type's own ``__sizeof__`` (a list's, a dict's, a bytearray's), else the
+    interpreter's ``object.__sizeof__``; 0 where either fails."""
+    method = inspect.getattr_static(kind, "__sizeof__", None)
+    if not isinstance(method, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        method = object.__sizeof__
+
+    def own_size(value: Any) -> int:
+        try:
+            return int(method(value))
+        except Exception:
+            return 0
+
+    return own_size
+
+
+def _through(descriptor: Any, value: object, kind: type) -> Any:
     """An attribute through the getter its type defines (an array type's own code), else ``None``."""
-    descriptor = inspect.getattr_static(kind, name, None)
     try:
         return descriptor.__get__(value, kind) if hasattr(descriptor, "__get__") else descriptor
     except Exception:

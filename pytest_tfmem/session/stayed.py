@@ -22,7 +22,7 @@ import os
 import sys
 import sysconfig
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from pytest_tfmem.probes.objects import (
     own_types,
     short_labels,
     size_of,
+    sizer,
     type_name,
 )
 from pytest_tfmem.units import format_size
@@ -190,12 +191,16 @@ class Watcher:
             self._own_types = set(own_types())
         counts: collections.Counter[type] = collections.Counter()
         sizes: collections.Counter[type] = collections.Counter()
+        sizers: dict[type, Callable[[Any], int]] = {}
         for value in objects:
             kind = type(value)
             if kind in self._own_types:
                 continue
             counts[kind] += 1
-            sizes[kind] += size_of(value)
+            size = sizers.get(kind)
+            if size is None:
+                size = sizers[kind] = sizer(kind)
+            sizes[kind] += size(value)
         telling = [kind for kind in counts if sizes[kind] >= _SMALL or self._telling_type(kind)]
         if not telling:
             return []
