@@ -61,8 +61,8 @@ def size_of(value: object) -> int:
 
 
 def sizer(kind: type) -> Callable[[Any], int]:
-    """``size_of`` for the objects of ``kind``, its static lookups done once: a caller that sizes
-    many objects keeps one per type (a test can leave tens of thousands of objects behind)."""
+    """``size_of`` for the objects of ``kind``, its static lookups done once (``SizesByType`` keeps
+    one per type: a test can leave tens of thousands of objects behind)."""
     own_size = _own_size(kind)
     if type_name(kind).split(".", 1)[0] not in ARRAY_MODULES:
         return own_size
@@ -79,6 +79,21 @@ def sizer(kind: type) -> Callable[[Any], int]:
         return size if isinstance(size, int) else own_size(value)
 
     return array_size
+
+
+class SizesByType:
+    """``size_of`` for one look over many objects, each type's lookups done once (``sizer``).
+    Made for one look and dropped: kept, it would keep alive every type it saw."""
+
+    def __init__(self) -> None:
+        self._sizers: dict[type, Callable[[Any], int]] = {}
+
+    def __call__(self, value: object) -> int:
+        kind = type(value)
+        size = self._sizers.get(kind)
+        if size is None:
+            size = self._sizers[kind] = sizer(kind)
+        return size(value)
 
 
 def _own_size(kind: type) -> Callable[[Any], int]:

@@ -22,7 +22,7 @@ import os
 import sys
 import sysconfig
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +31,11 @@ from pytest_tfmem.frameworks import Holder
 from pytest_tfmem.probes.holders import CONTAINER_TYPES
 from pytest_tfmem.probes.objects import (
     OWN_PACKAGE,
+    SizesByType,
     instance_dict,
     keras_name_counters,
     own_types,
     short_labels,
-    size_of,
-    sizer,
     type_name,
 )
 from pytest_tfmem.units import format_size
@@ -131,8 +130,10 @@ class Watcher:
         """What a test left: the holders sized in bytes (containers that grew, new objects, the
         frameworks' sized holders), and what was counted but not sized (the frameworks' other
         holders, Keras's name counters, modules imported)."""
-        containers, items = self._grown_containers(before)
-        sized = containers + self._new_objects(obj for obj in new_objects if id(obj) not in items)  # no double count
+        size_of = SizesByType()
+        containers, items = self._grown_containers(before, size_of)
+        left = (obj for obj in new_objects if id(obj) not in items)  # no double count
+        sized = containers + self._new_objects(left, size_of)
         counted: list[tuple[None, str]] = []
         for holder in frameworks.holders().values():
             grown = _holder_growth(before.holders.get(holder.name), holder)
@@ -154,7 +155,7 @@ class Watcher:
             counted.append((None, f"modules imported: {len(imported)} ({', '.join(imported[:_SHOWN])}{more})"))
         return Stayed(tuple(text for _, text in sized), sum(size for size, _ in sized), tuple(t for _, t in counted))
 
-    def _grown_containers(self, before: Snapshot) -> tuple[list[tuple[int, str]], set[int]]:
+    def _grown_containers(self, before: Snapshot, size_of: SizesByType) -> tuple[list[tuple[int, str]], set[int]]:
         """The user's global containers that gained items, with the bytes the new items hold;
         and the ids of those items."""
         found = []
@@ -186,21 +187,17 @@ class Watcher:
         module = type_name(kind).rsplit(".", 1)[0]
         return module.split(".")[0] in _FRAMEWORKS or self._users.get(module, False)
 
-    def _new_objects(self, objects: Iterable[Any]) -> list[tuple[int, str]]:
+    def _new_objects(self, objects: Iterable[Any], size_of: SizesByType) -> list[tuple[int, str]]:
         if self._own_types is None:
             self._own_types = set(own_types())
         counts: collections.Counter[type] = collections.Counter()
         sizes: collections.Counter[type] = collections.Counter()
-        sizers: dict[type, Callable[[Any], int]] = {}
         for value in objects:
             kind = type(value)
             if kind in self._own_types:
                 continue
             counts[kind] += 1
-            size = sizers.get(kind)
-            if size is None:
-                size = sizers[kind] = sizer(kind)
-            sizes[kind] += size(value)
+            sizes[kind] += size_of(value)
         telling = [kind for kind in counts if sizes[kind] >= _SMALL or self._telling_type(kind)]
         if not telling:
             return []
