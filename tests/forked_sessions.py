@@ -2,15 +2,16 @@
 
 Importing TensorFlow took 3 to 6 s of each inner session that used it, on this suite's 2-core
 machines, before the session ran a test (Keras on PyTorch, up to 13 s), and pytest with its
-plugins a third of a trivial session's 0.74 s. Such sessions fork from a process that imported
-them once (``session_zygote.py``), as the plugin's isolation forks its children from a template:
-every pytester ``python -m pytest`` run (``runpytest_subprocess``, ``run``) from one with pytest
+plugins (and Hypothesis, which its plugin imports at each session's end) about 0.4 s of a trivial
+session's 0.9 s of CPU. Such sessions fork from a process that imported them once
+(``session_zygote.py``), as the plugin's isolation forks its children from a template: every
+pytester ``python -m pytest`` run (``runpytest_subprocess``, ``run``) from one with pytest
 imported; in a test marked ``forked_sessions``, from one with the framework imported; elsewhere,
-the runs a test makes with ``run`` here instead of ``subprocess.run``. Such a session reads as a
-fresh one, except that the framework is imported before it starts: tests of what a first import
-costs, of what a session imports, or of a framework's start-up output are not marked. Each worker
-keeps one forking process per kind and environment read at import (``TF_*``,
-``KERAS_BACKEND``...), the three last used.
+the runs a test makes with ``run`` here instead of ``subprocess.run`` (``framework=False``: pytest
+alone). Such a session reads as a fresh one, except that the framework and pytest's plugins are
+imported before it starts: tests of what a first import costs, of what a session imports, or of a
+framework's start-up output are not marked. Each worker keeps one forking process per kind and
+environment read at import (``TF_*``, ``KERAS_BACKEND``...), the three last used.
 """
 
 from __future__ import annotations
@@ -177,10 +178,11 @@ def pytest_arguments(command: Sequence[str]) -> list[str] | None:
 
 
 def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-        timeout: float | None = None, check: bool = False, merged: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        timeout: float | None = None, check: bool = False, merged: bool = False,
+        framework: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """``subprocess.run(command, capture_output=True, text=True, ...)``, a ``python -m pytest``
-    command forked from a process with its framework imported; ``merged``: its standard error
-    written into its standard output, as ``stderr=subprocess.STDOUT``."""
+    command forked from a process with its framework imported, or (not ``framework``) pytest alone;
+    ``merged``: its standard error written into its standard output, as ``stderr=subprocess.STDOUT``."""
     command = [os.fspath(argument) for argument in command]
     arguments = pytest_arguments(command)
     environment = dict(os.environ if env is None else env)
@@ -191,7 +193,7 @@ def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str
         streams = (Path(folder, "stdout"), Path(folder, "stdout" if merged else "stderr"))
         for stream in streams:
             stream.touch()
-        session = ZYGOTES.serving(environment, framework=True).start(
+        session = ZYGOTES.serving(environment, framework).start(
             arguments, os.path.abspath(cwd), environment, str(streams[0]), str(streams[1])
         )
         try:

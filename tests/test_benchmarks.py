@@ -241,3 +241,16 @@ def test_what_stayed_weighs_each_type_once_and_names_what_the_test_kept():
     assert lines[3].startswith("new objects alive: ") and "function +1000 (" in lines[3], lines[3]
     named = re.fullmatch(r"named (\d+\.\d) of (\d+\.\d) KiB", lines[4])
     assert named is not None and 0 < float(named[1]) <= float(named[2]), lines[4]
+
+
+def test_a_forked_inner_session_starts_faster_than_a_fresh_one():
+    """``benchmarks/forked_session_start.py``: the tests' trivial inner session, fresh and forked."""
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.forked_session_start", "--repeat", "1"], capture_output=True, text=True,
+        timeout=300, cwd=REPOSITORY, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = re.fullmatch(r"a session of one trivial test, median of 1 each: fresh interpreter (\d+\.\d\d) s, "
+                        r"forked (\d+\.\d\d) s \(x\d\.\d\d\)", completed.stdout.strip())
+    assert line is not None, completed.stdout
+    assert float(line[1]) > 0 and float(line[2]) > 0, completed.stdout  # which is faster is the benchmark's to say

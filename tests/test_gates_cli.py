@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 from gates_helpers import suite_source
 
@@ -22,9 +23,9 @@ def gate_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     def pytest_run(sizes: dict[str, int], *args: str) -> None:
         (folder / "test_suite.py").write_text(suite_source(sizes))
-        subprocess.run(
+        forked_sessions.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_suite.py", *args],
-            cwd=folder, env=environment, check=False, capture_output=True,
+            cwd=folder, env=environment, framework=False,
         )  # fmt: skip
 
     pytest_run({"grow": 80, "steady": 60}, "--tfmem-save-baseline=base.json")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 from gates_helpers import MB, suite_source
 
@@ -25,9 +26,9 @@ def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
     # A rewritten test file can keep its size and second: no cached bytecode, always the source.
     environment["PYTHONDONTWRITEBYTECODE"] = "1"
-    return subprocess.run(
+    return forked_sessions.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_suite.py", *args],
-        cwd=folder, env=environment, capture_output=True, text=True, check=False, timeout=300,
+        cwd=folder, env=environment, timeout=300, framework=False,
     )  # fmt: skip
 
 

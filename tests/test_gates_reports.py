@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+import forked_sessions
 import pytest
 from gates_helpers import (
     MB,
@@ -41,9 +42,9 @@ def gate_run(folder: Path, *workers: str) -> GateRun:
 
     def pytest_run(sizes: dict[str, int], *args: str) -> subprocess.CompletedProcess:
         (folder / "test_suite.py").write_text(suite_source(sizes, OVER_BUDGET))
-        return subprocess.run(
+        return forked_sessions.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *workers, "test_suite.py", *args],
-            cwd=folder, env=environment, capture_output=True, text=True, check=False,
+            cwd=folder, env=environment, framework=False,
         )  # fmt: skip
 
     saved = pytest_run({**SUITE, "over_budget": 30}, "--tfmem-save-baseline=base.json")

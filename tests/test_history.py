@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 
 from pytest_tfmem.gates import history
@@ -138,9 +139,9 @@ class Repository:
         return self.commits[-1]
 
     def session(self, *args: str, history: str = "history.jsonl") -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return forked_sessions.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--tfmem-history={history}", *args],
-            cwd=self.folder, capture_output=True, text=True, timeout=300,
+            cwd=self.folder, timeout=300, framework=False,
         )
 
 

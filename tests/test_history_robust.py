@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 
 from pytest_tfmem.cli.main import main
@@ -148,9 +149,9 @@ def test_breaks():
         self.commits += 1
 
     def session(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return forked_sessions.run(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--tfmem-history=history.jsonl", *args],
-            cwd=self.folder, capture_output=True, text=True, timeout=300,
+            cwd=self.folder, timeout=300, framework=False,
         )
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import html
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forked_sessions
 import pytest
 
 from pytest_tfmem.units import format_size
@@ -56,11 +56,11 @@ def html_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("html")
     (folder / "test_memory.py").write_text(TESTS)
     (folder / "test_tensorflow.py").write_text(TENSORFLOW_TESTS)
-    done = subprocess.run(
+    done = forked_sessions.run(  # from a process with TensorFlow imported: test_tensorflow.py imports it
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--html=report.html", "--self-contained-html",
          "--tfmem-budget=1GB", "--tfmem-trace=on-failure", "--tfmem-report=report.json", "test_memory.py",
          "test_tensorflow.py"],
-        cwd=folder, capture_output=True, text=True, timeout=300, check=False,
+        cwd=folder, timeout=300,
     )  # fmt: skip
     assert (folder / "report.html").is_file(), done.stdout + done.stderr
     return folder, done.stdout

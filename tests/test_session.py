@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import forked_sessions
 import pytest
 from report_helpers import Run
 
@@ -64,10 +65,9 @@ DATA = np.ones(30 * 2**20 // 8)
 
 
 def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=folder, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    return forked_sessions.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=folder, framework=False
+    )
 
 
 @pytest.fixture(scope="module")

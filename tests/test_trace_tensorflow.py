@@ -54,7 +54,7 @@ MIB = 2**20
 
 @pytest.fixture(scope="module")
 def keras_run(tmp_path_factory: pytest.TempPathFactory) -> TracedRun:
-    run = run_pytest(tmp_path_factory.mktemp("keras"), {"test_fit.py": KERAS_TESTS})
+    run = run_pytest(tmp_path_factory.mktemp("keras"), {"test_fit.py": KERAS_TESTS}, framework=True)
     assert "3 failed, 1 passed" in run.output, run.output
     return run
 

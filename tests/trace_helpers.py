@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import forked_sessions
 import pytest
 from tensorboard.compat.proto import event_pb2
 from tensorboard.util import tensor_util
@@ -55,8 +56,12 @@ class TracedRun:
         return lines[: next(i for i, line in enumerate(lines) if line.startswith("open it:")) + 1]
 
 
-def run_pytest(directory: Path, files: dict[str, str], *args: str, timeout: float = 300) -> TracedRun:
-    """Write ``files`` into ``directory`` and run ``python -m pytest`` there, in a new interpreter.
+def run_pytest(directory: Path, files: dict[str, str], *args: str, timeout: float = 300,
+               framework: bool = False, fresh: bool = False) -> TracedRun:  # fmt: skip
+    """Write ``files`` into ``directory`` and run ``python -m pytest`` there, in a session of its own:
+    forked (``forked_sessions.run``) from a process with TensorFlow imported where ``framework``,
+    else with pytest alone; a new interpreter where ``fresh`` (a ``sitecustomize`` on ``PYTHONPATH``
+    runs as an interpreter starts).
 
     Used by module-scoped fixtures, so that several checks share one run (``pytester`` is
     function-scoped); the run is the same as ``pytester.runpytest_subprocess``'s.
@@ -64,11 +69,13 @@ def run_pytest(directory: Path, files: dict[str, str], *args: str, timeout: floa
     (directory / "pytest.ini").write_text("[pytest]\n")
     for name, text in files.items():
         (directory / name).write_text(text)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=directory, capture_output=True, text=True, timeout=timeout, check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    environment = {**os.environ, "COLUMNS": "200"}
+    if fresh:
+        completed = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=timeout,
+                                   check=False, env=environment)  # fmt: skip
+    else:
+        completed = forked_sessions.run(command, cwd=directory, timeout=timeout, env=environment, framework=framework)
     return TracedRun(directory, completed.returncode, completed.stdout + completed.stderr)
 
 
