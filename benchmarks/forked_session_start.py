@@ -4,9 +4,10 @@
 
 The project's tests start several hundred inner ``python -m pytest`` sessions, and most fork from a
 process that imported pytest and its plugins once (``tests/forked_sessions.py``,
-``tests/session_zygote.py``). This runs a session of one test that does nothing, alternating a
-fresh interpreter and a fork, and prints the median wall time of each; the forking process's own
-start is left out (each of the tests' workers pays it once).
+``tests/session_zygote.py``). This runs a session of one test that does nothing, with the
+settings the tests give their inner sessions (``tests/conftest.py``: ``PYTEST_ADDOPTS`` among
+them), alternating a fresh interpreter and a fork, and prints the median wall time of each; the
+forking process's own start is left out (each of the tests' workers pays it once).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=7, help="sessions of each kind (default 7)")
     arguments = parser.parse_args(argv)
     sys.path.insert(0, str(TESTS))
+    import conftest  # noqa: F401  # the inner sessions' settings, as the tests' workers have them
     import forked_sessions  # the tests' own module: this measures what they run
 
     with tempfile.TemporaryDirectory(prefix="tfmem-forked-start-") as folder:

@@ -40,6 +40,16 @@ KEPT_ZYGOTES = 3  # one with pytest alone, two with a framework's import (about 
 FORKS = sys.platform.startswith("linux")
 
 
+def forkable(environment: Mapping[str, str]) -> bool:
+    """Whether a session in ``environment`` can fork: not where a folder on its ``PYTHONPATH`` holds
+    a ``sitecustomize`` (or ``usercustomize``) module, which runs as an interpreter starts (the
+    tests' simulated systems, a hidden extra), and so would not run in a fork."""
+    folders = [folder for folder in environment.get("PYTHONPATH", "").split(os.pathsep) if folder]
+    return FORKS and not any(
+        Path(folder, f"{name}.py").is_file() for folder in folders for name in ("sitecustomize", "usercustomize")
+    )
+
+
 def read_at_start(environment: Mapping[str, str]) -> dict[str, str]:
     return {
         name: value for name, value in environment.items() if name.startswith(READ_AT_START) and name != "PYTHONPATH"
@@ -186,7 +196,7 @@ def run(command: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str
     command = [os.fspath(argument) for argument in command]
     arguments = pytest_arguments(command)
     environment = dict(os.environ if env is None else env)
-    if arguments is None or not FORKS:
+    if arguments is None or not forkable(environment):
         return subprocess.run(command, cwd=cwd, env=environment, stdout=subprocess.PIPE, text=True, timeout=timeout,
                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, check=check)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="tfmem-forked-") as folder:
@@ -224,7 +234,7 @@ def forking_popen(pytester: pytest.Pytester, framework: bool) -> Callable[..., A
         environment = dict(os.environ)
         environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), environment.get("PYTHONPATH", "")]))
         to_files = all(isinstance(getattr(stream, "name", None), str) for stream in (stdout, stderr))
-        if arguments is None or not FORKS or options or stdin is not pytester.CLOSE_STDIN or not to_files:
+        if arguments is None or not forkable(environment) or options or stdin is not pytester.CLOSE_STDIN or not to_files:
             return real_popen(cmdargs, stdout=stdout, stderr=stderr, stdin=stdin, **options)
         return ZYGOTES.serving(environment, framework).start(arguments, os.getcwd(), environment, stdout.name, stderr.name)
 

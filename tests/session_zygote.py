@@ -31,24 +31,22 @@ from types import ModuleType
 import pytest
 from _pytest.config import _prepareconfig
 
-# pytest imports its plugins' modules (their ``pytest11`` entry points) at each session's start,
-# and Hypothesis's plugin imports Hypothesis at each session's end (its terminal summary): 0.3-0.4 s
-# of a trivial forked session's 0.9 s of CPU. Here pytest parses a command line once, as a session
-# starts (its assertion rewriting marks and rewrites its plugins' modules as they are imported), and
-# Hypothesis is imported before the rewriting is undone: the plugins are in ``sys.modules`` when a
-# forked session starts as they would be once it parsed its own, and Hypothesis before its end.
-# Blocked, so not imported: pytest-tfmem, the plugin under test, which each session imports as a
-# fresh one does (what it books of its own import included); pytest-randomly, which imports NumPy,
-# and nbval (ipykernel, multiprocessing), which a session that blocks them (``-p no:randomly``) lacks.
-NOT_PRELOADED = ("-p", "no:tfmem", "-p", "no:randomly", "-p", "no:nbval", "-p", "no:cacheprovider")
-PRELOADED_AFTER_PLUGINS = ("hypothesis.internal.observability",)
+# pytest imports its plugins' modules (their ``pytest11`` entry points) at each session's start:
+# a third of a trivial forked session's CPU. Here pytest parses a command line once, as a session
+# starts, with ``PYTEST_ADDOPTS`` as this process has it (the suite's inner sessions block
+# Hypothesis's plugin, nbmake, nbval and pytest-randomly: tests/conftest.py), so that its assertion
+# rewriting imports the plugins' modules as a session's would: they are in ``sys.modules`` when a
+# forked session starts, as they would be once it parsed its own. Where Hypothesis's plugin loads,
+# Hypothesis, which the plugin imports at each session's end, is imported too. pytest-tfmem, the
+# plugin under test, is blocked here: each session imports it as a fresh one does.
+PRELOAD_ARGUMENTS = ("-p", "no:tfmem", "-p", "no:cacheprovider", "-c", os.devnull)
 
 
 def preload_plugins() -> None:
-    config = _prepareconfig([*NOT_PRELOADED, "-c", os.devnull, "--rootdir", os.getcwd()])
+    config = _prepareconfig([*PRELOAD_ARGUMENTS, "--rootdir", os.getcwd()])
     try:
-        for name in PRELOADED_AFTER_PLUGINS:
-            importlib.import_module(name)
+        if config.pluginmanager.has_plugin("hypothesispytest"):
+            import hypothesis.internal.observability  # noqa: F401
     finally:
         config._ensure_unconfigure()  # its clean-ups: the rewriting import hook taken out
 

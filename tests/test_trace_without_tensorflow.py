@@ -253,7 +253,7 @@ def test_without_the_trace_extra_it_is_said_once_with_what_to_install(tmp_path, 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")])))
     (tmp_path / "project").mkdir()
     run = run_pytest(tmp_path / "project", {"test_numpy.py": NUMPY_TESTS}, "-k", "test_over_budget and not not_traced",
-                     "--tfmem-trace=on-failure", fresh=True)
+                     "--tfmem-trace=on-failure")  # a fresh interpreter: its sitecustomize hides the extra
     assert "2 failed" in run.output, run.output
     assert "No module named" not in run.output and "open it:" not in run.output and "open them:" not in run.output
     said = [line for line in run.output.splitlines() if "not installed" in line]

@@ -57,11 +57,10 @@ class TracedRun:
 
 
 def run_pytest(directory: Path, files: dict[str, str], *args: str, timeout: float = 300,
-               framework: bool = False, fresh: bool = False) -> TracedRun:  # fmt: skip
-    """Write ``files`` into ``directory`` and run ``python -m pytest`` there, in a session of its own:
-    forked (``forked_sessions.run``) from a process with TensorFlow imported where ``framework``,
-    else with pytest alone; a new interpreter where ``fresh`` (a ``sitecustomize`` on ``PYTHONPATH``
-    runs as an interpreter starts).
+               framework: bool = False) -> TracedRun:  # fmt: skip
+    """Write ``files`` into ``directory`` and run ``python -m pytest`` there, in a session of its own
+    (``forked_sessions.run``: forked from a process with TensorFlow imported where ``framework``,
+    else with pytest alone).
 
     Used by module-scoped fixtures, so that several checks share one run (``pytester`` is
     function-scoped); the run is the same as ``pytester.runpytest_subprocess``'s.
@@ -69,13 +68,10 @@ def run_pytest(directory: Path, files: dict[str, str], *args: str, timeout: floa
     (directory / "pytest.ini").write_text("[pytest]\n")
     for name, text in files.items():
         (directory / name).write_text(text)
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
-    environment = {**os.environ, "COLUMNS": "200"}
-    if fresh:
-        completed = subprocess.run(command, cwd=directory, capture_output=True, text=True, timeout=timeout,
-                                   check=False, env=environment)  # fmt: skip
-    else:
-        completed = forked_sessions.run(command, cwd=directory, timeout=timeout, env=environment, framework=framework)
+    completed = forked_sessions.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=directory, timeout=timeout, env={**os.environ, "COLUMNS": "200"}, framework=framework,
+    )
     return TracedRun(directory, completed.returncode, completed.stdout + completed.stderr)
 
 
