@@ -2,11 +2,11 @@
 
 Importing TensorFlow took 3 to 6 s of each inner session that used it, on this suite's 2-core
 machines, before the session ran a test (Keras on PyTorch, up to 13 s), and pytest with its
-plugins (and Hypothesis, which its plugin imports at each session's end) about 0.4 s of a trivial
-session's 0.9 s of CPU. Such sessions fork from a process that imported them once
+plugins about half of a trivial session's 0.5 to 0.6 s (``python -m
+benchmarks.forked_session_start``). Such sessions fork from a process that imported them once
 (``session_zygote.py``), as the plugin's isolation forks its children from a template: every
-pytester ``python -m pytest`` run (``runpytest_subprocess``, ``run``) from one with pytest
-imported; in a test marked ``forked_sessions``, from one with the framework imported; elsewhere,
+pytester ``python -m pytest`` run (``runpytest_subprocess``, ``run``) from one with pytest and
+its plugins imported; in a test marked ``forked_sessions``, from one with the framework imported; elsewhere,
 the runs a test makes with ``run`` here instead of ``subprocess.run`` (``framework=False``: pytest
 alone). Such a session reads as a fresh one, except that the framework and pytest's plugins are
 imported before it starts: tests of what a first import costs, of what a session imports, or of a

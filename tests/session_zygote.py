@@ -1,12 +1,13 @@
-"""A process that has imported pytest or a framework, and forks one inner pytest session per request.
+"""A process that has imported pytest and its plugins, or a framework too, and forks one inner
+pytest session per request.
 
 Run as a script by ``forked_sessions.Zygote``, its standard input carries one JSON request a line
 (``argv``, ``cwd``, ``env``, ``stdout`` and ``stderr`` paths) and its standard output one JSON
 line with the session's pid, then one with its exit status. The forked session is what
-``python -m pytest`` in a fresh interpreter would be, with TensorFlow (and the Keras that it
-imports) already in ``sys.modules``, or where ``KERAS_BACKEND`` names another backend, Keras and
-that backend's framework (TensorFlow stays unimported); with ``--pytest-only``, only pytest, as
-``python -m pytest`` imports it first: its streams, working directory, environment, ``sys.argv``
+``python -m pytest`` in a fresh interpreter would be, with pytest's plugins (below) and
+TensorFlow (and the Keras that it imports) already in ``sys.modules``, or where ``KERAS_BACKEND``
+names another backend, Keras and that backend's framework (TensorFlow stays unimported); with
+``--pytest-only``, only pytest and its plugins: its streams, working directory, environment, ``sys.argv``
 and ``sys.path`` are the request's, and its ``atexit`` functions run before it exits.
 
 A forked child does not inherit its parent's page-table entries for the libraries' code and
