@@ -143,6 +143,35 @@ def test_frozen_cyclic_garbage_waits_for_a_full_collection(thawed: None) -> None
     assert collector.full_collections == 1 and alive() is None
 
 
+def test_settling_collects_frozen_garbage_and_what_its_finalizers_leave_then_freezes_the_rest(thawed: None) -> None:
+    """The session's end (``Collector.settle``): a frozen cycle that became garbage is collected,
+    and so is the cycle its finalizer leaves behind (a second round); the survivors stay frozen,
+    so pytest's five collections after it skip them, until ``thaw``."""
+    left_by_finalizers = []
+
+    class Cycle:
+        def __init__(self, leaves_another: bool) -> None:
+            self.me = self
+            self.leaves_another = leaves_another
+
+        def __del__(self) -> None:
+            if self.leaves_another:
+                left = Cycle(leaves_another=False)
+                left_by_finalizers.append(weakref.ref(left))
+
+    held = [Cycle(leaves_another=True)]
+    first = weakref.ref(held[0])
+    survivor = Cycle(leaves_another=False)
+    collector = Collector(lambda: 0, Clock())
+    collector.collect()  # both alive: frozen
+    held.clear()
+    collector.settle()
+    assert first() is None and len(left_by_finalizers) == 1 and left_by_finalizers[0]() is None
+    assert collector.freezing and not any(thing is survivor for thing in gc.get_objects())  # frozen: not listed
+    collector.thaw()
+    assert gc.get_freeze_count() == 0 and any(thing is survivor for thing in gc.get_objects())
+
+
 def test_thaw_gives_every_object_back_to_the_collector(thawed: None) -> None:
     collector = Collector(lambda: 0, Clock())
     collector.collect()

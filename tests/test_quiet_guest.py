@@ -3,6 +3,7 @@ a test keeps is sized without running the user's code, importing a module or war
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import sys
@@ -170,3 +171,41 @@ def test_the_suite_runs_with_no_framework_settings_of_the_machines():
     assert not [name for name in os.environ if name.startswith(("KERAS_BACKEND", "XLA_", "JAX_", "TF_FORCE"))]
     assert os.environ["KERAS_HOME"].startswith(tempfile.gettempdir())
     assert os.environ["TF_ENABLE_ONEDNN_OPTS"] == "1"  # the one the suite sets itself
+
+
+FINALIZER_ERROR = """
+class Raises:
+    def __init__(self):
+        self.me = self  # a reference cycle: freed by a collection only
+
+    def __del__(self):
+        raise ValueError("raised by the finalizer of a cycle")
+
+
+KEPT = {"cycle": Raises()}
+
+
+def test_first():
+    pass
+
+
+def test_drops_the_cycle():
+    del KEPT["cycle"]  # garbage now, among the objects tfmem froze before the first test
+"""
+
+
+def test_a_finalizers_error_in_frozen_garbage_is_reported_at_the_end_as_without_tfmem(pytester: pytest.Pytester):
+    """tfmem collects everything once more at the session's end and keeps the rest frozen through
+    pytest's own collections (``Collector.settle``): the error of a finalizer in garbage it had
+    frozen is still reported, as pytest reports it without tfmem, and every object is thawed after."""
+    pytester.makepyfile(test_cycle=FINALIZER_ERROR)
+    said = ["*PytestUnraisableExceptionWarning: Exception ignored in: <function Raises.__del__ at *>",
+            "*ValueError: raised by the finalizer of a cycle"]
+    for options in (("-p", "no:tfmem", *PLAIN_RUN_OPTIONS.split()), ("--tfmem-budget=1GB",)):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *options)
+        result.assert_outcomes(passed=2)
+        result.stderr.fnmatch_lines(said)
+    pytester.makepyfile(test_cycle="KEPT = [object()]\n\ndef test_first():\n    pass\n\ndef test_second():\n    pass\n")
+    frozen = gc.get_freeze_count()
+    pytester.runpytest_inprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB").assert_outcomes(passed=2)
+    assert gc.get_freeze_count() == frozen  # thawed at the end, after pytest's collections

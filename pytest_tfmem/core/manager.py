@@ -109,6 +109,15 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     choice, given = settings.read_option(config, settings.PLATFORM)
     if given:
         config.stash[_PLATFORM_BEFORE] = platforms.select(choice)
+    # Registered before any plugin is configured, so run after every other clean-up (pytest's
+    # collections at the end, which report finalizers' errors, among them): see Collector.settle.
+    config.add_cleanup(functools.partial(_thaw, config))
+
+
+def _thaw(config: pytest.Config) -> None:
+    """The objects the session's collector froze, given back to the collector at the very end."""
+    if _MANAGER in config.stash and config.stash[_MANAGER].collector.freezing:
+        config.stash[_MANAGER].collector.thaw()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -895,4 +904,4 @@ class TfmemManager:
         if self._imports is not None:
             self._imports.uninstall()
         if self.collector.freezing:
-            self.collector.thaw()
+            self.collector.settle()  # thawed once pytest's own collections are done (_thaw)
