@@ -116,8 +116,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 def _thaw(config: pytest.Config) -> None:
     """The objects the session's collector froze, given back to the collector at the very end."""
-    if _MANAGER in config.stash and config.stash[_MANAGER].collector.freezing:
-        config.stash[_MANAGER].collector.thaw()
+    tfmem = config.stash.get(_MANAGER, None)
+    if tfmem is not None and tfmem.collector.freezing:
+        tfmem.collector.thaw()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
