@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
@@ -196,3 +198,51 @@ def test_a_300_test_session_does_not_drift_up_from_frozen_garbage(
     # Unreclaimed, it would reach ~280 MiB; full collections after 32 MiB of growth keep it
     # within about that, plus what pytest itself keeps of each test (~30 MiB without tfmem).
     assert max(growth.values()) < 2 * FULL_AFTER_GROWTH / MIB, growth
+
+
+AT_EXIT = """
+import atexit, os
+
+NOTES = os.open(os.environ["NOTES"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+class Noted:
+    def __init__(self, name):
+        self.name, self.me = name, self  # a reference cycle: only a collection frees it
+
+    def __del__(self, write=os.write, notes=NOTES):  # the module's globals are gone by then
+        write(notes, f"finalized {self.name}\\n".encode())
+
+
+kept = Noted("alive at exit")
+atexit.register(lambda: Noted("garbage made at exit"))  # runs after tfmem's handler (registered later)
+
+
+def test_nothing():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "alive_finalized"),
+    [(["--tfmem-budget=1GB"], False), (["--tfmem-budget=1GB", "--no-tfmem-freeze-at-exit"], True),
+     (["-p", "no:tfmem"], True)],
+    ids=["measured", "measured, --no-tfmem-freeze-at-exit", "without tfmem"],
+)
+def test_the_exit_skips_what_a_measured_session_left_alive_and_still_collects_new_garbage(
+    tmp_path: Path, options: list[str], alive_finalized: bool
+) -> None:
+    """``--tfmem-freeze-at-exit``: the interpreter's last collection, after it cleared the modules,
+    no longer goes through what was alive at exit (1 to 1.5 s with TensorFlow loaded), so a cycle
+    alive at exit is not finalized; garbage made after tfmem's exit handler still is. A fresh
+    interpreter: a forked session ends with ``os._exit``, without that last collection."""
+    (tmp_path / "test_exit.py").write_text(AT_EXIT)
+    notes = tmp_path / "notes"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *options, "test_exit.py"],
+        cwd=tmp_path, capture_output=True, text=True, check=False, env={**os.environ, "NOTES": str(notes)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    finalized = notes.read_text().splitlines()
+    assert "finalized garbage made at exit" in finalized
+    assert ("finalized alive at exit" in finalized) == alive_finalized, finalized

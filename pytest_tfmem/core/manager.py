@@ -64,7 +64,7 @@ from pytest_tfmem.core.verdict import (
 from pytest_tfmem.errors import FIGURES_HELP, TfmemFailure, failure_for, session_configured
 from pytest_tfmem.frameworks import FirstUse, Framework
 from pytest_tfmem.frameworks.native_log import HeldLog
-from pytest_tfmem.probes import children as children_probe, host
+from pytest_tfmem.probes import children as children_probe, garbage, host
 from pytest_tfmem.probes.garbage import Collector
 from pytest_tfmem.probes.imports import ImportLedger
 from pytest_tfmem.probes.objects import instance_dict
@@ -115,10 +115,14 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 def _thaw(config: pytest.Config) -> None:
-    """The objects the session's collector froze, given back to the collector at the very end."""
+    """The objects the session's collector froze, given back to the collector at the very end
+    (a process that runs pytest in process goes on with its collector as it was); the
+    interpreter's exit then skips them again (``--tfmem-freeze-at-exit``)."""
     tfmem = config.stash.get(_MANAGER, None)
     if tfmem is not None and tfmem.collector.freezing:
         tfmem.collector.thaw()
+        if tfmem.settings.freeze_at_exit:
+            garbage.freeze_at_exit()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
