@@ -225,16 +225,18 @@ def test_nothing():
 
 @pytest.mark.parametrize(
     ("options", "alive_finalized"),
-    [(["--tfmem-budget=1GB"], False), (["--tfmem-budget=1GB", "--no-tfmem-freeze-at-exit"], True),
-     (["-p", "no:tfmem"], True)],
-    ids=["measured", "measured, --no-tfmem-freeze-at-exit", "without tfmem"],
+    [(["--tfmem-budget=1GB"], False), (["--tfmem-budget=1GB", "--tfmem-isolate"], False),
+     (["--tfmem-budget=1GB", "--no-tfmem-freeze-at-exit"], True), (["-p", "no:tfmem"], True)],
+    ids=["measured", "isolated (the session's process measures none itself)", "measured, --no-tfmem-freeze-at-exit",
+         "without tfmem"],
 )
 def test_the_exit_skips_what_a_measured_session_left_alive_and_still_collects_new_garbage(
     tmp_path: Path, options: list[str], alive_finalized: bool
 ) -> None:
     """``--tfmem-freeze-at-exit``: the interpreter's last collection, after it cleared the modules,
     no longer goes through what was alive at exit (1 to 1.5 s with TensorFlow loaded), so a cycle
-    alive at exit is not finalized; garbage made after tfmem's exit handler still is. A fresh
+    alive at exit is not finalized; garbage made after tfmem's exit handler still is. So in the
+    process of a session whose tests all ran isolated, which froze nothing itself. A fresh
     interpreter: a forked session ends with ``os._exit``, without that last collection."""
     (tmp_path / "test_exit.py").write_text(AT_EXIT)
     notes = tmp_path / "notes"

@@ -115,14 +115,10 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 def _thaw(config: pytest.Config) -> None:
-    """The objects the session's collector froze, given back to the collector at the very end
-    (a process that runs pytest in process goes on with its collector as it was); the
-    interpreter's exit then skips them again (``--tfmem-freeze-at-exit``)."""
+    """The objects the session's collector froze, given back to the collector at the very end."""
     tfmem = config.stash.get(_MANAGER, None)
     if tfmem is not None and tfmem.collector.freezing:
         tfmem.collector.thaw()
-        if tfmem.settings.freeze_at_exit:
-            garbage.freeze_at_exit()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -905,6 +901,8 @@ class TfmemManager:
 
     def pytest_unconfigure(self) -> None:
         session_configured(False)
+        if self.settings.freeze_at_exit and (self.records or self.collector.freezing):
+            garbage.freeze_at_exit()  # a measured session's process: its exit skips what is alive then
         self.records.remove()
         if self._imports is not None:
             self._imports.uninstall()
