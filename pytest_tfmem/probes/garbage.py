@@ -141,8 +141,9 @@ def freeze_at_exit() -> None:
     """Once per process: as the interpreter exits (``atexit``), collect the young objects and freeze
     the rest. Python's own last collection at exit, after it cleared the modules, then skips every
     object that was alive at that moment: with TensorFlow loaded it took 1 to 1.5 s of each process's
-    exit. Garbage made since the session's last collection is young and still collected, its
-    finalizers run; objects in reference cycles still alive at exit are freed with the process
+    exit. Garbage in the young generations (made after the session's collections) is still
+    collected, its finalizers run; objects in reference cycles that were old by then (alive at
+    exit, or dropped by pytest itself after its last collection) are freed with the process
     without their finalizers, which Python does not promise to run at exit either."""
     global _freezing_at_exit
     if not _freezing_at_exit:
