@@ -250,11 +250,12 @@ def test_a_child_the_oom_killer_took_is_named_with_the_cgroups_count(pytester: p
     pytester.makepyfile(OOM_SUITE)
     with memory_cgroup(300 * MiB) as cgroup:
         result = run_pytest_in(pytester, cgroup, "-p", "no:cacheprovider", "--tfmem-budget=1GB", "-rA")
-        assert oom_kills(cgroup) == 1
+        kills = oom_kills(cgroup)  # 1, or more where the kernel took another process of the cgroup too
+        assert kills >= 1
     result.assert_outcomes(passed=1)
     line = next(line for line in result.outlines if line.startswith("  pid "))
     assert "`python -c block = bytearray(600 * 2**20)" in line
-    assert "killed by SIGKILL: the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by 1)" in line
+    assert f"killed by SIGKILL: the kernel's OOM killer: out of memory (this cgroup's oom_kill count rose by {kills})" in line
     assert "last read at " in line
 
 

@@ -125,15 +125,18 @@ def test_the_oom_killer_kills_an_isolated_test_and_the_session_goes_on(
     result = _pytest(pytester, memory_cgroup)
     result.assert_outcomes(passed=2, failed=1)
     assert result.ret == 1
+    # The kernel may take a second process of the cgroup before the first one's memory is freed
+    # (once in a CI run under load): the message gives the cgroup's own count, whatever it is.
+    kills = memory_cgroup.oom_kills()
+    assert kills >= 1
     result.stdout.fnmatch_lines(
         [
             "*tfmem: the isolated test's process was killed by SIGKILL (not sent by pytest-tfmem): the kernel's "
-            "OOM killer: out of memory (this cgroup's oom_kill count rose by 1)",
+            f"OOM killer: out of memory (this cgroup's oom_kill count rose by {kills})",
             "the process tree (the test's process and every process it started, which kill_at counts): last *, peak * MiB (sampled)*",
             "*available memory at the last reading: * of 1.0 GiB (cgroup v1 memory.limit_in_bytes *)",
         ]
     )
-    assert memory_cgroup.oom_kills() == 1
     records = dumped_records(pytester.path)
     runaway = records["test_runaway"].extra["isolated"]
     assert runaway["death"] == "killed by SIGKILL"
@@ -148,12 +151,13 @@ def test_isolate_auto_explains_the_test_that_killed_the_last_session(
     pytester.makepyfile(TESTS.format(marker=""))
     first = _pytest(pytester, memory_cgroup, "--tfmem-isolate=auto", "--tfmem-budget=4GB")
     assert first.ret == -signal.SIGKILL  # the whole session: a bare "Killed"
-    assert memory_cgroup.oom_kills() == 1
+    first_kills = memory_cgroup.oom_kills()
+    assert first_kills >= 1
 
     second = _pytest(pytester, memory_cgroup, "--tfmem-isolate=auto", "--tfmem-budget=4GB")
     second.assert_outcomes(passed=2, failed=1)
     assert second.ret == 1
-    assert memory_cgroup.oom_kills() == 2
+    assert memory_cgroup.oom_kills() > first_kills
     second.stdout.fnmatch_lines(
         [
             "*killed by SIGKILL (not sent by pytest-tfmem): the kernel's OOM killer: out of memory*",

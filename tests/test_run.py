@@ -176,7 +176,8 @@ def test_a_real_oom_kill_in_a_memory_cgroup_is_named_with_the_limit(tmp_path: Pa
             swap.write_text(str(limit))
         enter = ("sh", "-c", f'echo $$ > {cgroup / "cgroup.procs"} && exec "$@"', "sh")
         done = tfmem_run(tmp_path, "--report", "run.json", "grow.py", "200", prefix=enter)
-        assert oom_kills(cgroup) == 1
+        kills = oom_kills(cgroup)  # 1, or more where the kernel took another process of the cgroup too
+        assert kills >= 1
     assert done.returncode == 137, done.stderr
     death = json.loads((tmp_path / "run.json").read_text())["death"]
     assert death["signal"] == "SIGKILL" and death["sender"] == "the kernel's OOM killer"
@@ -186,7 +187,7 @@ def test_a_real_oom_kill_in_a_memory_cgroup_is_named_with_the_limit(tmp_path: Pa
     # process) that the kernel charged to the cgroup that first read them, not to this one: the
     # last reading may pass the limit by those (403 MiB of 400 once).
     assert 250 * MiB < death["last_rss"] <= limit + 48 * MiB
-    assert "  killed by the OOM killer (this cgroup's oom_kill count rose by 1) at " in done.stderr
+    assert f"  killed by the OOM killer (this cgroup's oom_kill count rose by {kills}) at " in done.stderr
     assert "in load_shards (grow.py:" in done.stderr and ", limit 400.0 MiB" in done.stderr
 
 
