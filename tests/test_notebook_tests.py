@@ -26,9 +26,28 @@ def notebook(path, *cells: str) -> None:
     nbformat.write(book, str(path))
 
 
+# A section of a test's captured output in pytest's report, and the header of whatever comes next.
+CAPTURED = re.compile(r"^-+ Captured \w+ \w+ -+$")
+SECTION = re.compile(r"^([-=_])\1{2,}( .* \1{3,})?$")
+
+
+def without_captured_output(lines: list[str]) -> str:
+    """The report without the captured output of tests: there, the kernel's own stderr, where
+    ipykernel may print a traceback of its own as it shuts down (ipython/ipykernel#1518)."""
+    kept: list[str] = []
+    captured = False
+    for line in lines:
+        if CAPTURED.match(line) or SECTION.match(line):
+            captured = bool(CAPTURED.match(line))
+        if not captured:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def assert_failed_as_a_test(result: pytest.RunResult, expected: str) -> None:
     output = result.stdout.str()
-    assert "INTERNAL ERROR" not in output and "Traceback" not in output and "pluggy/_" not in output, output
+    report = without_captured_output(result.stdout.lines)
+    assert "INTERNAL ERROR" not in report and "Traceback" not in report and "pluggy/_" not in report, output
     failed = [line for line in result.stdout.lines if line.startswith("FAILED ")]
     assert len(failed) == 1 and " - tfmem: " in failed[0], output
     result.stdout.fnmatch_lines([expected])
