@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -26,6 +27,15 @@ from pytest_tfmem.core.record import TestRecord, record_from_report
 for _name in [name for name in os.environ if name.startswith(("TF_", "KERAS_", "XLA_", "JAX_"))]:
     del os.environ[_name]
 os.environ["KERAS_HOME"] = tempfile.mkdtemp(prefix="tfmem-tests-keras-home-")
+
+
+def _remove_keras_home(path: str = os.environ["KERAS_HOME"], owner: int = os.getpid()) -> None:
+    """The process that made the directory removes it as it exits (a fork of it leaves it be)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+atexit.register(_remove_keras_home)
 
 # TensorFlow keeps CPU allocator statistics (the ``tf:CPU:0`` view) only with oneDNN on, its
 # default on some x86 CPUs and not on others (AMD EPYC): on, the tests see the same TensorFlow
