@@ -4,15 +4,17 @@
     python benchmarks/per_test_profile.py --tests 300 --output profile.md
 
 One session of ``benchmarks/suite_overhead.py``'s ``trivial-tf`` suite (tests that do nothing, in a
-module that imports TensorFlow and Keras) runs with ``--tfmem-budget=4GB`` under ``cProfile``. For
+module that imports TensorFlow and Keras) runs with ``--tfmem-budget=4GB``, its test loop under
+``cProfile`` (``benchmarks/profile_loop.py``). For
 each of pytest-tfmem's modules it adds the time spent in its own functions and, for each call they
 make outside the package (the standard library, ``/proc`` reads, ``gc``, ``json``), that call's
 whole time, or its own time alone where it calls back into the package (pluggy reaching a hook,
 ``contextlib`` entering a step: what they reach is counted where it is).
-Only functions called at least once per test count, so the session's start and end (imports,
-the summary) are not per-test time. The profiler slows Python code more than system calls: read
-the shares, not the microseconds. Background threads (the journal's readings, the children
-watch) are not profiled; ``suite_overhead.py`` measures them with everything else.
+The session's start and end (imports, the summary) are not profiled, and of the test loop only
+functions called at least once per test count (a first test's one-time work is not per-test
+time). The profiler slows Python code more than system calls: read the shares, not the
+microseconds. Background threads (the journal's readings, the children watch) are not profiled;
+``suite_overhead.py`` measures them with everything else.
 """
 
 from __future__ import annotations
@@ -80,9 +82,10 @@ def profile_table(tests: int, top: int, bytecode: Path | None = None) -> str:
         suite.mkdir()
         (suite / "pytest.ini").write_text("[pytest]\n")
         (suite / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=tests))
-        environment = session_environment(suite, bytecode or Path(temporary) / "bytecode")
+        environment = {**session_environment(suite, bytecode or Path(temporary) / "bytecode"),
+                       "PROFILE_LOOP_FILE": str(suite / "profile.out")}
         command = session_command(with_plugin=True)
-        profiled = [command[0], "-m", "cProfile", "-o", str(suite / "profile.out"), *command[1:]]
+        profiled = [*command, "-p", "benchmarks.profile_loop"]
         for run in ([profiled] if bytecode else [command, profiled]):  # a first run caches compiled modules
             subprocess.run(run, cwd=suite, env=environment, stdout=subprocess.DEVNULL, check=False)
         stats = pstats.Stats(str(suite / "profile.out"))

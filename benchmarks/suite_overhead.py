@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             "`benchmarks/suite_overhead.py`.\n\n"
         )
         profile = (
-            f"\n\n## Where a test's time goes\n\nOne session of {args.trivial_tests} trivial tests under `cProfile`, "
+            f"\n\n## Where a test's time goes\n\nThe test loop of one session of {args.trivial_tests} trivial tests "
+            "under `cProfile`, "
             "by module of pytest-tfmem: its own functions, and the calls they make outside it (`/proc` reads, `gc`, "
             "`json`). The profiler slows Python code more than system calls: read the shares. See "
             "`benchmarks/per_test_profile.py`.\n\n" + profiled + PER_TEST_WORK
