@@ -8,6 +8,8 @@ starts processes that hold known sizes.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -456,3 +458,50 @@ def test_the_watch_s_thread_looks_between_windows_without_a_wake_up_and_sleeps_w
     while watch._wake.is_set() and time.monotonic() < deadline:  # no window for IDLE_AFTER_S: it sleeps
         time.sleep(0.05)
     assert not watch._wake.is_set()
+
+
+TELLS_LATE = """
+import os, signal, sys, time
+from pytest_tfmem import platforms
+from pytest_tfmem.platforms.fork_sizes import ForkSizes
+
+sizes = ForkSizes(platforms.current().current_size, sys.argv[1])
+if os.fork() == 0:
+    own = bytearray(32 * 2**20)
+    own[::4096] = b"\\1" * len(own[::4096])  # 32 MiB of its own, before it tells
+    signal.signal(signal.SIGUSR1, lambda *_: sizes.tell(platforms.current().current_size()))
+    print(os.getpid(), flush=True)
+    while True:
+        time.sleep(0.1)
+os.wait()
+"""
+
+
+@pytest.mark.linux  # a fork copy, its resident size read from /proc
+def test_a_fork_copy_that_tells_its_size_after_it_was_first_read_is_counted_from_what_it_told(tmp_path: Path):
+    """A fork that maps shared pages again (``batch_trials``) tells its size only once it may have
+    been read: the reading that found it first counts what it grew, later ones what it told."""
+    from pytest_tfmem import platforms
+    from pytest_tfmem.platforms.fork_sizes import ForkSizes
+    from pytest_tfmem.probes.watchdog import ProcessTreeRss
+
+    told = ForkSizes(platforms.current().current_size, str(tmp_path / "told"))
+    parent = subprocess.Popen([sys.executable, "-c", TELLS_LATE, str(tmp_path / "told")], stdout=subprocess.PIPE, text=True)
+    try:
+        fork = int(parent.stdout.readline())
+        tree = ProcessTreeRss(parent.pid, start_size=told.size)
+        tree.read()
+        assert tree.processes[fork].fork_copy and tree.processes[fork].own_peak >= 24 * MiB  # as first read
+        os.kill(fork, signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while told.size(fork) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tree.read()
+        assert tree.processes[fork].own_peak < 4 * MiB  # from what it told: its 32 MiB were in it
+    finally:
+        parent.kill()
+        parent.wait()
+        try:
+            os.kill(fork, signal.SIGKILL)
+        except (ProcessLookupError, NameError):
+            pass

@@ -51,9 +51,14 @@ class ForkSizes:
         return self
 
     def _tell(self) -> None:
+        self.tell(self.resident_size())
+
+    def tell(self, size: int) -> None:
+        """Write this process's size at its start: its resident size right after a fork, or, for
+        a fork that maps pages it shares again (``file_pages``), the size it will share."""
         pid = os.getpid()
         try:
-            _RECORD.pack_into(self._page, (pid % SLOTS) * _RECORD.size, pid, self.resident_size())
+            _RECORD.pack_into(self._page, (pid % SLOTS) * _RECORD.size, pid, size)
         except (OSError, ValueError):
             pass
 

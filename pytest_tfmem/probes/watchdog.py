@@ -115,6 +115,7 @@ class ProcessMark:
     high_water_mark: int  # the highest mark read (``VmHWM`` on Linux)
     rss: int  # at the last reading
     fork_copy: bool
+    told: bool = False  # ``inherited`` is the size the fork copy told
 
     @property
     def own_peak(self) -> int:
@@ -214,10 +215,14 @@ class ProcessTreeRss:
             fork_copy = command == self._command(parent)
             # A fork copy starts with at most its parent's resident pages: if it was first read
             # after it had grown, its parent's size is the closer figure, unless it told its own.
-            inherited = 0
+            known = self.processes[pid] = ProcessMark(pid, parent, command, now, now, 0, 0, 0, fork_copy)
             if fork_copy:
-                inherited = self.start_size(pid) or min(memory[0], readings.get(parent, memory)[0])
-            known = self.processes[pid] = ProcessMark(pid, parent, command, now, now, inherited, 0, 0, fork_copy)
+                known.inherited = min(memory[0], readings.get(parent, memory)[0])
+        if known.fork_copy and not known.told:
+            # A copy may tell its size just after this reading first found it: read again until it does.
+            told = self.start_size(pid)
+            if told is not None:
+                known.inherited, known.told = told, True
         known.last_seen, known.rss = now, memory[0]
         known.high_water_mark = max(known.high_water_mark, memory[1])
 
