@@ -1,9 +1,10 @@
 """``find_max_batch_size``: the largest batch whose training step fits a memory budget.
 
-Each trial runs the step once, at one batch size, in a fresh interpreter (spawned, not
-forked: TensorFlow is not fork-safe), measured there by ``Monitor``. A fresh process per
-trial means an earlier trial's pooled allocator memory, traced functions or leaks cannot
-lower or raise a later trial's figure. The search is a bisection over the candidate batch
+Each trial runs the step once, at one batch size, in a process of its own that starts as a
+fresh interpreter would (a fork of one spawned interpreter that imported the step's modules, or
+a spawned interpreter: ``batch_trials``), measured there by ``Monitor``. A process per trial
+means an earlier trial's pooled allocator memory, traced functions or leaks cannot lower or
+raise a later trial's figure. The search is a bisection over the candidate batch
 sizes ``low, low + resolution, ..., <= high``: at most ``ceil(log2(candidates + 1))``
 trials, and the answer is the largest candidate that fitted. While a trial runs, the parent's
 watchdog (``probes.watchdog``) reads the trial's process tree and stops it as soon as its RSS
@@ -15,20 +16,17 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pytest_tfmem import frameworks, platforms
-from pytest_tfmem.core.measure import Measurement, Monitor
-from pytest_tfmem.probes import host
+from pytest_tfmem import platforms
+from pytest_tfmem.batch_trials import TrialServer, run_trial
+from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.probes.watchdog import Watchdog
 from pytest_tfmem.units import format_size, parse_size
 
-# Exception class names that mean "this batch did not fit" rather than "the step is broken".
-_OUT_OF_MEMORY = {"MemoryError", "ResourceExhaustedError", "OutOfMemoryError"}
 _WATCH_INTERVAL_S = 0.005
 
 
@@ -53,6 +51,7 @@ class BatchSizeReport:
     high: int
     resolution: int
     trials: tuple[BatchTrial, ...]
+    processes: str  # where the trials ran (``batch_trials``)
 
     def __str__(self) -> str:
         found = "no batch size fits" if self.batch_size is None else f"largest batch that fits: {self.batch_size}"
@@ -61,6 +60,7 @@ class BatchSizeReport:
                 f"{found} (budget {format_size(self.budget)}, searched {self.low}..{self.high} "
                 f"in steps of {self.resolution}, {len(self.trials)} trials)"
             ),
+            f"trials: {self.processes}",
             f"{'trial':>5}  {'batch':>7}  {'peak':>11}  outcome",
         ]
         for number, trial in enumerate(self.trials, 1):
@@ -82,7 +82,7 @@ def find_max_batch_size(
     ``step`` runs one training step at the given batch size; ``setup`` (optional, no
     arguments) runs first in the same trial process, outside the measurement: imports, data
     loading, anything whose memory should not count. Both must be picklable (module-level
-    functions, or ``functools.partial`` of one), since each trial runs in a fresh process.
+    functions, or ``functools.partial`` of one), since the trials run in other processes.
     A trial fits when its measured peak memory need is at most ``budget``; a trial raising an
     out-of-memory error (``MemoryError``, TensorFlow's ``ResourceExhaustedError``) does not
     fit; any other exception is re-raised as ``RuntimeError`` with the trial's traceback.
@@ -93,17 +93,23 @@ def find_max_batch_size(
     trials: list[BatchTrial] = []
     best: int | None = None
     first, last = 0, candidates - 1  # candidate indices still undecided
-    while first <= last:
-        middle = (first + last) // 2
-        trial = _run_trial(step, setup, low + middle * resolution, budget_bytes)
-        trials.append(trial)
-        if trial.fits:
-            best = middle
-            first = middle + 1
-        else:
-            last = middle - 1
+    server = TrialServer(step, setup)
+    try:
+        while first <= last:
+            middle = (first + last) // 2
+            trial = _run_trial(server, step, setup, low + middle * resolution, budget_bytes)
+            trials.append(trial)
+            if trial.fits:
+                best = middle
+                first = middle + 1
+            else:
+                last = middle - 1
+    finally:
+        server.close()
     batch_size = None if best is None else low + best * resolution
-    return BatchSizeReport(batch_size, budget_bytes, low, high, resolution, tuple(trials))
+    processes = ("forks of one interpreter that imported the step's modules" if server.refusal is None
+                 else f"a fresh interpreter each ({server.refusal})")
+    return BatchSizeReport(batch_size, budget_bytes, low, high, resolution, tuple(trials), processes)
 
 
 def _is_whole_number(value: object) -> bool:
@@ -136,37 +142,18 @@ def _check_arguments(
     return budget_bytes
 
 
-def _trial_process(connection: Connection, step: Callable[[int], object], setup: Callable[[], object] | None,
-                   batch_size: int) -> None:
-    """Runs in the trial process: set up, open the window, run the step, send the measurement."""
-    try:
-        if setup is not None:
-            setup()
-        for framework in frameworks.loaded():
-            framework.start_runtime()  # the runtime's start-up is not the step's memory
-    except BaseException:
-        connection.send(("setup failed", traceback.format_exc()))
-        return
-    monitor = Monitor().start()
-    connection.send(("started", host.current_rss()))
-    try:
-        step(batch_size)
-    except BaseException as error:
-        names = {cls.__name__ for cls in type(error).__mro__}
-        connection.send(("raised", monitor.stop().to_dict(), bool(names & _OUT_OF_MEMORY),
-                         f"{type(error).__name__}: {error}", traceback.format_exc()))
-        return
-    connection.send(("done", monitor.stop().to_dict()))
-
-
-def _run_trial(step: Callable[[int], object], setup: Callable[[], object] | None, batch_size: int,
-               budget: int) -> BatchTrial:
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_trial_process, args=(sender, step, setup, batch_size),
-                              name=f"tfmem-batch-{batch_size}", daemon=True)
-    process.start()
-    sender.close()
+def _run_trial(server: TrialServer, step: Callable[[int], object], setup: Callable[[], object] | None,
+               batch_size: int, budget: int) -> BatchTrial:
+    process: Any
+    if server.refusal is None:
+        process, receiver = server.fork(batch_size)
+    else:
+        context = multiprocessing.get_context("spawn")
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=run_trial, args=(sender, step, setup, batch_size),
+                                  name=f"tfmem-batch-{batch_size}", daemon=True)
+        process.start()
+        sender.close()
     try:
         return _watch(process, receiver, batch_size, budget)
     finally:

@@ -1,7 +1,7 @@
-"""find_max_batch_size: bounded bisection, one fresh process per trial, clear errors.
+"""find_max_batch_size: bounded bisection, one process per trial, clear errors.
 
 The step functions allocate exactly ``batch_size`` MiB, so the true limit of a budget is known.
-They live at module level because each trial unpickles its step in a fresh interpreter.
+They live at module level because the trials' server unpickles its step in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import math
 import os
 import signal
 
+import mapped_step
 import numpy as np
 import pytest
 
@@ -140,3 +141,24 @@ def test_bad_arguments_are_named(arguments, message):
     call = {"step": one_mib_per_sample, "budget": "1GB", **arguments}
     with pytest.raises(ValueError, match=message):
         find_max_batch_size(call.pop("step"), call.pop("budget"), **call)
+
+
+@pytest.mark.linux  # forks, and the kernel's marks
+def test_a_trials_fork_counts_in_the_tests_tree_only_what_it_grew_above_the_trial_server(tmp_path, monkeypatch):
+    """The server imported the step's module, which mapped 128 MiB of a file; each fork maps those
+    pages again before its trial. The test's tree counts the server once, and of the fork only its
+    40 MiB batch (and a little more of its own), not the pages it shares with the server."""
+    mapped = tmp_path / "mapped"
+    mapped.write_bytes(b"\1" * (128 * MiB))
+    monkeypatch.setenv("MAPPED_STEP_FILE", str(mapped))
+    with Monitor() as watched:
+        report = find_max_batch_size(mapped_step.one_mib_per_sample, "1GB", low=40, high=40)
+    assert report.processes == "forks of one interpreter that imported the step's modules", str(report)
+    assert report.batch_size == 40 and abs(report.trials[0].peak - 40 * MiB) <= MiB, str(report)
+    processes = watched.measurement.children.processes
+    servers = [figure for figure in processes if figure.command.startswith("python") and "spawn_main" in figure.command]
+    forks = [figure for figure in processes if figure.command.startswith("fork of")]
+    assert len(servers) == 1 and servers[0].peak >= 128 * MiB, processes  # the mapped file's pages, counted once
+    # a fork's figure is sampled (the server reaps it): at most its 40 MiB and a little of its own;
+    # counted from its size as it was first read, it would be the 128 MiB of the file and more
+    assert forks and all(fork.peak < 64 * MiB for fork in forks), processes

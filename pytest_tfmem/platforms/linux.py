@@ -234,10 +234,11 @@ class Linux(Posix):
 
     def die_with_parent(self, parent_pid: int) -> None:
         """The kernel SIGKILLs this process when its parent dies (``PR_SET_PDEATHSIG``)."""
-        import ctypes.util
+        import ctypes
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        # the C library's symbols are the process's own: ``find_library`` would run ``ldconfig -p``,
+        # a process of this one's that a test's tree would count
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent_pid:  # the parent died before the request took effect
             os._exit(1)
 

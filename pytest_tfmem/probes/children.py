@@ -48,7 +48,8 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,7 +180,7 @@ class ChildWatch:
 
     def __init__(self) -> None:
         self.platform = platforms.current()
-        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"), start_size=_fork_sizes().size)
+        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"), start_size=_start_size)
         self._windows: list[ChildWindow] = []
         self._reaped: dict[int, _Reaped] = {}
         self._lock = threading.RLock()
@@ -476,12 +477,37 @@ _watch: ChildWatch | None = None
 _sizes: ForkSizes | None = None
 
 
+# Pages where the forks of a helper this process started tell their sizes (``also_told``).
+_told_elsewhere: list[ForkSizes] = []
+
+
 def _fork_sizes() -> ForkSizes:
     """One per process and its forks: the page is shared, and a fork hook cannot be taken back."""
     global _sizes
     if _sizes is None:
         _sizes = ForkSizes(platforms.current().current_size).tell_forks()
     return _sizes
+
+
+def _start_size(pid: int) -> int | None:
+    """A fork copy's size as it started, where it told it: a fork of this process's, or of a
+    helper's that tells into a page given to ``also_told``."""
+    for sizes in (_fork_sizes(), *_told_elsewhere):
+        size = sizes.size(pid)
+        if size is not None:
+            return size
+    return None
+
+
+@contextmanager
+def also_told(sizes: ForkSizes) -> Iterator[None]:
+    """While open, the child watch also reads the sizes that forks tell into ``sizes``: the
+    forks of a process this one started (``batch_trials``'s server), which share its pages."""
+    _told_elsewhere.append(sizes)
+    try:
+        yield
+    finally:
+        _told_elsewhere.remove(sizes)
 
 
 def watch() -> ChildWatch:
