@@ -146,16 +146,6 @@ class TrialServer:
         self._folder.cleanup()
 
 
-def _fork_refusal() -> str | None:
-    missing = platforms.current().fork_missing()
-    if missing is not None:
-        return missing
-    started = frameworks.started()
-    if started:
-        return f"importing the step's modules started {started[0].name}'s runtime: its threads do not survive a fork"
-    return None
-
-
 def _serve(channel: socket.socket, step: Callable[[int], object], setup: Callable[[], object] | None,
            parent_pid: int, told_path: str) -> None:
     """The server's main: the interpreter's own exit would go through every object of the modules
@@ -183,7 +173,7 @@ def _answer(channel: socket.socket, step: Callable[[int], object], setup: Callab
     """Answer ``ready``, then fork a trial per request until the channel closes."""
     platform = platforms.current()
     platform.die_with_parent(parent_pid)
-    refusal = _fork_refusal()
+    refusal = frameworks.fork_refusal("as the step's modules were imported")
     channel.send(json.dumps({"reason": refusal}).encode())
     if refusal is not None:
         return

@@ -82,6 +82,20 @@ def started() -> list[Framework]:
     return [framework for framework in loaded() if framework.runtime_started()]
 
 
+def fork_refusal(started_while: str) -> str | None:
+    """Why forking this process is not safe, or ``None``. ``started_while`` says when a runtime
+    found up was started (``"while pytest configured"``)."""
+    from pytest_tfmem import platforms  # the platforms' modules never import the frameworks'
+
+    missing = platforms.current().fork_missing()
+    if missing is not None:
+        return missing
+    up = started()
+    if up:
+        return f"{up[0].name}'s runtime was started {started_while}: its threads do not survive a fork"
+    return None
+
+
 def keras_backend() -> tuple[str, str]:
     """``(backend, where it was read)``: Keras 3's backend for this session, as Keras itself
     decides it (``KERAS_BACKEND`` over ``keras.json`` over ``tensorflow``), or the loaded Keras's."""

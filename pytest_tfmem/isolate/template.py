@@ -80,16 +80,7 @@ class TemplateSpec:
 
 def fork_unsafe_reason() -> str | None:
     """Why forking this process is not safe, or ``None``."""
-    missing = platforms.current().fork_missing()
-    if missing is not None:
-        return missing
-    started = frameworks.started()
-    if started:
-        return (
-            f"{started[0].name}'s runtime was started while pytest configured (by a conftest.py file or "
-            "a plugin): its threads do not survive a fork"
-        )
-    return None
+    return frameworks.fork_refusal("while pytest configured (by a conftest.py file or a plugin)")
 
 
 # The largest request or answer on the channel: one message each (SOCK_SEQPACKET).
