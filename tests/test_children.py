@@ -480,7 +480,8 @@ os.wait()
 @pytest.mark.linux  # a fork copy, its resident size read from /proc
 def test_a_fork_copy_that_tells_its_size_after_it_was_first_read_is_counted_from_what_it_told(tmp_path: Path):
     """A fork that maps shared pages again (``batch_trials``) tells its size only once it may have
-    been read: the reading that found it first counts what it grew, later ones what it told."""
+    been read: the reading that found it first counts what it grew, later ones what it told
+    (``told_late``: the process's own forks tell theirs as they start, ``start_size``)."""
     from pytest_tfmem import platforms
     from pytest_tfmem.platforms.fork_sizes import ForkSizes
     from pytest_tfmem.probes.watchdog import ProcessTreeRss
@@ -489,7 +490,7 @@ def test_a_fork_copy_that_tells_its_size_after_it_was_first_read_is_counted_from
     parent = subprocess.Popen([sys.executable, "-c", TELLS_LATE, str(tmp_path / "told")], stdout=subprocess.PIPE, text=True)
     try:
         fork = int(parent.stdout.readline())
-        tree = ProcessTreeRss(parent.pid, start_size=told.size)
+        tree = ProcessTreeRss(parent.pid, told_late=told.size)
         tree.read()
         assert tree.processes[fork].fork_copy and tree.processes[fork].own_peak >= 24 * MiB  # as first read
         os.kill(fork, signal.SIGUSR1)

@@ -180,7 +180,8 @@ class ChildWatch:
 
     def __init__(self) -> None:
         self.platform = platforms.current()
-        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"), start_size=_start_size)
+        self._tree = ProcessTreeRss(os.getpid(), refresh_s=float("inf"), start_size=_fork_sizes().size,
+                                    told_late=_told_elsewhere_size)
         self._windows: list[ChildWindow] = []
         self._reaped: dict[int, _Reaped] = {}
         self._lock = threading.RLock()
@@ -489,10 +490,9 @@ def _fork_sizes() -> ForkSizes:
     return _sizes
 
 
-def _start_size(pid: int) -> int | None:
-    """A fork copy's size as it started, where it told it: a fork of this process's, or of a
-    helper's that tells into a page given to ``also_told``."""
-    for sizes in (_fork_sizes(), *_told_elsewhere):
+def _told_elsewhere_size(pid: int) -> int | None:
+    """The size a fork of a helper's told into a page given to ``also_told``, if it did."""
+    for sizes in _told_elsewhere:
         size = sizes.size(pid)
         if size is not None:
             return size

@@ -161,9 +161,12 @@ class ProcessTreeRss:
         refresh_s: float = _TREE_REFRESH_S,
         leave_out: Collection[int] = (),
         start_size: Callable[[int], int | None] = lambda pid: None,
+        told_late: Callable[[int], int | None] = lambda pid: None,
     ) -> None:
         self.pid = pid
         self.start_size = start_size  # a fork copy's size when it started, where known (``fork_sizes.ForkSizes.size``)
+        # the same, from forks that tell it only after some work (``batch_trials``): read until it comes
+        self.told_late = told_late
         self.leave_out = leave_out
         self.refresh_s = refresh_s
         self.platform = platforms.current()
@@ -217,10 +220,12 @@ class ProcessTreeRss:
             # after it had grown, its parent's size is the closer figure, unless it told its own.
             known = self.processes[pid] = ProcessMark(pid, parent, command, now, now, 0, 0, 0, fork_copy)
             if fork_copy:
-                known.inherited = min(memory[0], readings.get(parent, memory)[0])
+                told = self.start_size(pid)
+                known.inherited = told or min(memory[0], readings.get(parent, memory)[0])
+                known.told = told is not None
         if known.fork_copy and not known.told:
-            # A copy may tell its size just after this reading first found it: read again until it does.
-            told = self.start_size(pid)
+            # A copy that tells its size after some work may have been found before: read until it does.
+            told = self.told_late(pid)
             if told is not None:
                 known.inherited, known.told = told, True
         known.last_seen, known.rss = now, memory[0]
