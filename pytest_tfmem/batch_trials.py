@@ -173,7 +173,7 @@ def _answer(channel: socket.socket, step: Callable[[int], object], setup: Callab
     """Answer ``ready``, then fork a trial per request until the channel closes."""
     platform = platforms.current()
     platform.die_with_parent(parent_pid)
-    refusal = frameworks.fork_refusal("as the step's modules were imported")
+    refusal = platform.fork_missing() or frameworks.runtime_refusal("as the step's modules were imported")
     channel.send(json.dumps({"reason": refusal}).encode())
     if refusal is not None:
         return

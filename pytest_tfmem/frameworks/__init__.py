@@ -82,14 +82,9 @@ def started() -> list[Framework]:
     return [framework for framework in loaded() if framework.runtime_started()]
 
 
-def fork_refusal(started_while: str) -> str | None:
-    """Why forking this process is not safe, or ``None``. ``started_while`` says when a runtime
-    found up was started (``"while pytest configured"``)."""
-    from pytest_tfmem import platforms  # the platforms' modules never import the frameworks'
-
-    missing = platforms.current().fork_missing()
-    if missing is not None:
-        return missing
+def runtime_refusal(started_while: str) -> str | None:
+    """Why a fork of this process would fail its framework, or ``None``: a runtime is up, and its
+    threads do not survive a fork. ``started_while`` says when it was started."""
     up = started()
     if up:
         return f"{up[0].name}'s runtime was started {started_while}: its threads do not survive a fork"

@@ -80,7 +80,9 @@ class TemplateSpec:
 
 def fork_unsafe_reason() -> str | None:
     """Why forking this process is not safe, or ``None``."""
-    return frameworks.fork_refusal("while pytest configured (by a conftest.py file or a plugin)")
+    return platforms.current().fork_missing() or frameworks.runtime_refusal(
+        "while pytest configured (by a conftest.py file or a plugin)"
+    )
 
 
 # The largest request or answer on the channel: one message each (SOCK_SEQPACKET).
