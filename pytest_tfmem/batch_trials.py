@@ -36,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pytest_tfmem import frameworks, platforms
 from pytest_tfmem.core.measure import Monitor
@@ -112,6 +112,7 @@ class TrialServer:
     ``refusal`` says why it does not fork (each trial is then spawned), or is ``None``."""
 
     def __init__(self, step: Callable[[int], object], setup: Callable[[], object] | None) -> None:
+        self._step, self._setup = step, setup
         self._folder = tempfile.TemporaryDirectory(prefix="tfmem-batch-trials-")
         told_path = str(Path(self._folder.name) / "fork-sizes")
         self._told = contextlib.ExitStack()
@@ -126,8 +127,27 @@ class TrialServer:
         # a server that could not unpickle the step ends without a word: spawned trials say why
         self.refusal: str | None = json.loads(packet)["reason"] if packet else "the trial server ended"
 
-    def fork(self, batch_size: int) -> tuple[ForkedTrial, Connection]:
-        """Fork a trial of ``batch_size``: its process, and the connection its results come on."""
+    @property
+    def processes(self) -> str:
+        """Where the trials run, in words (``BatchSizeReport.processes``)."""
+        if self.refusal is None:
+            return "forks of one interpreter that imported the step's modules"
+        return f"a fresh interpreter each ({self.refusal})"
+
+    def start(self, batch_size: int) -> tuple[Any, Connection]:
+        """Start a trial of ``batch_size``, forked or spawned: its process (``multiprocessing.Process``'s
+        ways to wait for it), and the connection its results come on."""
+        if self.refusal is None:
+            return self._fork(batch_size)
+        context = multiprocessing.get_context("spawn")
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=run_trial, args=(sender, self._step, self._setup, batch_size),
+                                  name=f"tfmem-batch-{batch_size}", daemon=True)
+        process.start()
+        sender.close()
+        return process, receiver
+
+    def _fork(self, batch_size: int) -> tuple[ForkedTrial, Connection]:
         self._channel.send(json.dumps({"batch_size": batch_size}).encode())
         packet, descriptors, _, _ = socket.recv_fds(self._channel, _MAX_MESSAGE, 1)
         if not packet or not descriptors:

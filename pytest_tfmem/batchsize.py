@@ -14,7 +14,6 @@ nor the memory it was heading for.
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pytest_tfmem import platforms
-from pytest_tfmem.batch_trials import TrialServer, run_trial
+from pytest_tfmem.batch_trials import TrialServer
 from pytest_tfmem.core.measure import Measurement
 from pytest_tfmem.probes.watchdog import Watchdog
 from pytest_tfmem.units import format_size, parse_size
@@ -97,7 +96,7 @@ def find_max_batch_size(
     try:
         while first <= last:
             middle = (first + last) // 2
-            trial = _run_trial(server, step, setup, low + middle * resolution, budget_bytes)
+            trial = _run_trial(server, low + middle * resolution, budget_bytes)
             trials.append(trial)
             if trial.fits:
                 best = middle
@@ -107,9 +106,7 @@ def find_max_batch_size(
     finally:
         server.close()
     batch_size = None if best is None else low + best * resolution
-    processes = ("forks of one interpreter that imported the step's modules" if server.refusal is None
-                 else f"a fresh interpreter each ({server.refusal})")
-    return BatchSizeReport(batch_size, budget_bytes, low, high, resolution, tuple(trials), processes)
+    return BatchSizeReport(batch_size, budget_bytes, low, high, resolution, tuple(trials), server.processes)
 
 
 def _is_whole_number(value: object) -> bool:
@@ -142,18 +139,8 @@ def _check_arguments(
     return budget_bytes
 
 
-def _run_trial(server: TrialServer, step: Callable[[int], object], setup: Callable[[], object] | None,
-               batch_size: int, budget: int) -> BatchTrial:
-    process: Any
-    if server.refusal is None:
-        process, receiver = server.fork(batch_size)
-    else:
-        context = multiprocessing.get_context("spawn")
-        receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(target=run_trial, args=(sender, step, setup, batch_size),
-                                  name=f"tfmem-batch-{batch_size}", daemon=True)
-        process.start()
-        sender.close()
+def _run_trial(server: TrialServer, batch_size: int, budget: int) -> BatchTrial:
+    process, receiver = server.start(batch_size)
     try:
         return _watch(process, receiver, batch_size, budget)
     finally:
