@@ -40,5 +40,9 @@ def test_peak_grows_with_dataset_size_for_the_problem_and_stays_flat_for_the_fix
                 variant(shards, samples)
             peaks[name, samples] = measured.peak
     numbers = {f"{name} {samples}": f"{peak / 2**20:.1f} MiB" for (name, samples), peak in peaks.items()}
-    assert peaks["problem", large] > 3 * peaks["problem", small], numbers
+    # The problem holds the data twice (the arrays and the tensor): its peak grows by about twice the
+    # features added, whatever the model and tf.data take besides (the ratio of the two peaks, once
+    # asserted above 3x, read 217.7 against 75.0 MiB in one run: +142.7 MiB for 67.3 MiB added).
+    added = (large - small) * large_dataset.FEATURES * 4  # float32 features
+    assert peaks["problem", large] - peaks["problem", small] > 1.5 * added, numbers
     assert peaks["fix", large] < peaks["fix", small] + 10 * 2**20, numbers
