@@ -32,7 +32,9 @@ off), their order rotated from round to round:
 A plugin of this benchmark (``benchmarks.process_size``'s) times each test's whole protocol
 (setup, call, teardown) and reads the process's RSS at the last test. Printed for each side: the
 sessions' wall times and their median against the first side's (each round's ratio, then the
-median); the median test's time; what a test costs beyond the first side (the median of the
+median); the same ratios of the sessions' CPU time (user and system, the session's process and
+its children), which other work on a shared machine moves far less than wall time; the median
+test's time; what a test costs beyond the first side (the median of the
 tests' differences, the first two tests of a session left out: they pay its start); and the
 first test's difference alone (the session's start: the runtime start, the first-use warm-up).
 """
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -50,6 +53,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from benchmarks import machine
 from benchmarks.flat_history import GATE, commit, git
@@ -101,25 +105,41 @@ def prepare(directory: Path, suite: str, tf_keras: Path | None) -> list[str]:
     return ["test_small_keras_a.py", "test_small_keras_b.py"]
 
 
-def session(directory: Path, targets: Sequence[str], options: Sequence[str]) -> tuple[float, dict]:
-    """One whole session: its wall time, and the plugin's per-test times and last RSS."""
+class Session(NamedTuple):
+    wall: float  # seconds
+    cpu: float  # seconds of user and system time, the session's process and its children
+    timed: dict  # the plugin's per-test times and last RSS
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def session(directory: Path, targets: Sequence[str], options: Sequence[str]) -> Session:
+    """One whole session: its wall and CPU times, and the plugin's per-test times and last RSS."""
     out = directory / "times.json"
     out.unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p",
                "bench_timing", *options, *targets]
     environment = {**os.environ, **ENVIRONMENT, "TFMEM_BENCH_TIMES": str(out),
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
-    started = time.perf_counter()
+    cpu_before, started = _children_cpu(), time.perf_counter()
     done = subprocess.run(command, cwd=directory, env=environment, capture_output=True, text=True, timeout=3600,
                           check=False)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, _children_cpu() - cpu_before
     if not out.exists():
         raise RuntimeError(f"the session wrote no times:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return wall, json.loads(out.read_text())
+    return Session(wall, cpu, json.loads(out.read_text()))
 
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:+.1f} ms"
+
+
+def _ratios(ratios: Sequence[float]) -> str:
+    """The median ratio, then each round's."""
+    return f"x{statistics.median(ratios):.3f} ({', '.join(f'x{ratio:.3f}' for ratio in ratios)})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--sides takes two or more of {', '.join(SIDES)} (got {args.sides!r})")
     if args.suite == "tf-keras" and args.tf_keras is None:
         parser.error("--suite tf-keras needs --tf-keras PATH, a checkout of keras-team/tf-keras")
-    runs: dict[str, list[tuple[float, dict]]] = {side: [] for side in sides}
+    runs: dict[str, list[Session]] = {side: [] for side in sides}
     rerun_counts: list[int] = []
     with tempfile.TemporaryDirectory() as folder:
         directory = Path(folder)
@@ -153,28 +173,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs[side].append(session(directory, targets, SIDES[side]))
                 if side == "gates":
                     rerun_counts.append(reruns(directory / "report.json"))
-                print(f"round {number + 1} {side}: {runs[side][-1][0]:.1f} s", file=sys.stderr, flush=True)
+                done = runs[side][-1]
+                print(f"round {number + 1} {side}: {done.wall:.1f} s, CPU {done.cpu:.1f} s", file=sys.stderr,
+                      flush=True)
     reference = runs[sides[0]]
     rows = []
     for side in sides:
-        ratios = [wall / first for (wall, _), (first, _) in zip(runs[side], reference)]
+        ratios = [mine.wall / theirs.wall for mine, theirs in zip(runs[side], reference)]
+        cpu_ratios = [mine.cpu / theirs.cpu for mine, theirs in zip(runs[side], reference)]
         costs, starts = [], []
-        for (_, mine), (_, theirs) in zip(runs[side], reference):
-            paired = list(zip(theirs["times"], mine["times"]))
+        for mine, theirs in zip(runs[side], reference):
+            paired = list(zip(theirs.timed["times"], mine.timed["times"]))
             costs.append(statistics.median(after - before for before, after in paired[STARTING_TESTS:]))
             starts.append(paired[0][1] - paired[0][0])
-        walls = [wall for wall, _ in runs[side]]
-        median_test = statistics.median(statistics.median(timed["times"][STARTING_TESTS:]) for _, timed in runs[side])
+        median_test = statistics.median(statistics.median(done.timed["times"][STARTING_TESTS:]) for done in runs[side])
         rows.append([
-            side, str(len(runs[side][0][1]["times"])),
-            f"{statistics.median(timed['rss'] for _, timed in runs[side]) / GIB:.2f} GiB",
-            ", ".join(f"{wall:.1f} s" for wall in walls),
-            f"x{statistics.median(ratios):.3f} ({', '.join(f'x{ratio:.3f}' for ratio in ratios)})",
+            side, str(len(runs[side][0].timed["times"])),
+            f"{statistics.median(done.timed['rss'] for done in runs[side]) / GIB:.2f} GiB",
+            ", ".join(f"{done.wall:.1f} s" for done in runs[side]),
+            _ratios(ratios),
+            ", ".join(f"{done.cpu:.1f} s" for done in runs[side]),
+            _ratios(cpu_ratios),
             f"{median_test * 1000:.1f} ms",
             "-" if side == sides[0] else ms(statistics.median(costs)),
             "-" if side == sides[0] else ms(statistics.median(starts)),
         ])
-    header = ["side", "tests", "RSS at the last test", "sessions", f"vs {sides[0]} (each round)", "median test",
+    header = ["side", "tests", "RSS at the last test", "sessions", f"vs {sides[0]} (each round)", "sessions' CPU",
+              f"CPU vs {sides[0]} (each round)", "median test",
               f"a test's cost vs {sides[0]}", "first test's (the start)"]
     text = (f"{machine.written_by('-m benchmarks.real_suite_cost', argv)}. {SUITES[args.suite]}, "
             f"{args.rounds} rounds.\n\n" + "\n".join(markdown_table(header, rows)) + "\n")
