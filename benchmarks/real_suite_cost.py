@@ -1,7 +1,8 @@
 """What measuring every test costs a real suite, side by side in one run: plain, measured, gated.
 
     python -m benchmarks.real_suite_cost [--suite keras-layers|keras-text|keras-own|tf-keras|small-keras]
-                                         [--sides plain,tfmem] [--rounds 2] [--tf-keras PATH] [--output PAGE]
+                                         [--sides plain,tfmem] [--rounds 2] [--same-core] [--tf-keras PATH]
+                                         [--output PAGE]
 
 Suites:
 
@@ -20,7 +21,13 @@ Suites:
   18 tests), a session of a few seconds, where what a session's start costs shows most.
 
 Sides, each the whole suite as one session in a fresh process, in file order (pytest-randomly
-off), their order rotated from round to round:
+off), one at a time, their order rotated from round to round; with ``--same-core``, a round's
+sides at once, all pinned to one core, and a round on each core at once: the sessions take turns
+on their core, so whatever slows it (a busy neighbour on a shared host) slows each side alike, as
+``benchmarks/suite_overhead.py`` pairs its sessions. One after the other, the same plain session
+of ``keras-layers`` took 82.7 to 104.1 s of CPU time here. Pinned, a session's wall time is about
+the sum of its core's sessions' and each test's time grows with it: the CPU ratios are the figures
+to read there.
 
 - ``plain``: without pytest-tfmem (``-p no:tfmem``);
 - ``tfmem``: ``--tfmem-budget=64GB``, every test measured;
@@ -44,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -107,30 +113,48 @@ def prepare(directory: Path, suite: str, tf_keras: Path | None) -> list[str]:
 
 class Session(NamedTuple):
     wall: float  # seconds
-    cpu: float  # seconds of user and system time, the session's process and its children
+    cpu: float  # seconds of user and system time, the session's process and its children (``os.wait4``)
     timed: dict  # the plugin's per-test times and last RSS
 
 
-def _children_cpu() -> float:
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
+class Slot(NamedTuple):
+    """Where a session runs: its folder (one per side and core: sessions at once write their own
+    files there) and the core it is pinned to (None: any)."""
+
+    directory: Path
+    core: int | None
 
 
-def session(directory: Path, targets: Sequence[str], options: Sequence[str]) -> Session:
-    """One whole session: its wall and CPU times, and the plugin's per-test times and last RSS."""
-    out = directory / "times.json"
-    out.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p",
-               "bench_timing", *options, *targets]
-    environment = {**os.environ, **ENVIRONMENT, "TFMEM_BENCH_TIMES": str(out),
-                   "PYTHONPATH": os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))}
-    cpu_before, started = _children_cpu(), time.perf_counter()
-    done = subprocess.run(command, cwd=directory, env=environment, capture_output=True, text=True, timeout=3600,
-                          check=False)
-    wall, cpu = time.perf_counter() - started, _children_cpu() - cpu_before
-    if not out.exists():
-        raise RuntimeError(f"the session wrote no times:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return Session(wall, cpu, json.loads(out.read_text()))
+def sessions(slots: Sequence[Slot], targets: Sequence[str], options: Sequence[Sequence[str]]) -> list[Session]:
+    """Whole sessions started at once, each in its slot with its options; their wall and CPU
+    times, and the plugin's per-test times and last RSS."""
+    started: dict[int, tuple[int, float]] = {}  # the index and start of each running session, by pid
+    for index, (slot, chosen) in enumerate(zip(slots, options)):
+        out = slot.directory / "times.json"
+        out.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p",
+                   "bench_timing", *chosen, *targets]
+        environment = {**os.environ, **ENVIRONMENT, "TFMEM_BENCH_TIMES": str(out), "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(slot.directory), os.environ.get("PYTHONPATH")]))}
+        core = slot.core
+        with open(slot.directory / "output.txt", "wb") as output:
+            process = subprocess.Popen(
+                command, cwd=slot.directory, env=environment, stdout=output, stderr=subprocess.STDOUT,
+                preexec_fn=None if core is None else lambda core=core: os.sched_setaffinity(0, {core}),
+            )
+        started[process.pid] = (index, time.perf_counter())
+    done: dict[int, Session] = {}
+    while started:
+        pid, _, usage = os.wait4(-1, 0)
+        if pid not in started:
+            continue
+        index, began = started.pop(pid)
+        directory = slots[index].directory
+        if not (directory / "times.json").exists():
+            raise RuntimeError(f"the session wrote no times:\n{(directory / 'output.txt').read_text()[-3000:]}")
+        done[index] = Session(time.perf_counter() - began, usage.ru_utime + usage.ru_stime,
+                              json.loads((directory / "times.json").read_text()))
+    return [done[index] for index in range(len(slots))]
 
 
 def ms(seconds: float) -> str:
@@ -149,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"the sessions compared, the first the reference ({', '.join(SIDES)}; "
                         "default plain,tfmem)")
     parser.add_argument("--rounds", type=int, default=2, help="sessions of each side, in turn (default 2)")
+    parser.add_argument("--same-core", action="store_true",
+                        help="run each round's sides at once, pinned to one core (a round on each core at once): "
+                        "whatever slows the core slows every side alike")
     parser.add_argument("--tf-keras", type=Path, help="a checkout of tf-keras (the tf-keras suite's tests)")
     parser.add_argument("--output", type=Path, help="write the table between this script's markers in the page")
     args = parser.parse_args(argv)
@@ -160,22 +187,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--suite tf-keras needs --tf-keras PATH, a checkout of keras-team/tf-keras")
     runs: dict[str, list[Session]] = {side: [] for side in sides}
     rerun_counts: list[int] = []
+    cores: list[int | None] = list(sorted(os.sched_getaffinity(0))) if args.same_core else [None]
     with tempfile.TemporaryDirectory() as folder:
-        directory = Path(folder)
-        targets = prepare(directory, args.suite, args.tf_keras)
-        if "gates" in sides:  # the history holds an earlier commit for the gate to hold each test to
+        slots = {(core, side): Slot(Path(folder) / f"{side}-on-{core}", core) for core in cores for side in sides}
+        for slot in slots.values():
+            slot.directory.mkdir()
+        targets = [prepare(slot.directory, args.suite, args.tf_keras) for slot in slots.values()][0]
+        for core in cores if "gates" in sides else []:  # the history holds an earlier commit for the gate
+            directory = slots[core, "gates"].directory
             git(directory, "init", "-q")
             commit(directory, 0, 1)
-            session(directory, targets, SIDES["gates"])
+            sessions([slots[core, "gates"]], targets, [SIDES["gates"]])
             commit(directory, 1, 1)
-        for number in range(args.rounds):
-            for side in sides[number % len(sides):] + sides[:number % len(sides)]:
-                runs[side].append(session(directory, targets, SIDES[side]))
-                if side == "gates":
-                    rerun_counts.append(reruns(directory / "report.json"))
-                done = runs[side][-1]
-                print(f"round {number + 1} {side}: {done.wall:.1f} s, CPU {done.cpu:.1f} s", file=sys.stderr,
-                      flush=True)
+        for first in range(0, args.rounds, len(cores)):
+            if args.same_core:  # each round's sides at once on one core, a round on each core at once
+                groups = [[(core, side) for core in cores[: args.rounds - first] for side in sides]]
+            else:  # one session at a time, the sides' order rotated from round to round
+                turn = first % len(sides)
+                groups = [[(None, side)] for side in sides[turn:] + sides[:turn]]
+            for group in groups:
+                finished = sessions([slots[key] for key in group], targets, [SIDES[side] for _, side in group])
+                for (core, side), done in zip(group, finished):
+                    runs[side].append(done)
+                    if side == "gates":
+                        rerun_counts.append(reruns(slots[core, side].directory / "report.json"))
+                    where = "" if core is None else f" on core {core}"
+                    print(f"round {len(runs[side])} {side}{where}: {done.wall:.1f} s, CPU {done.cpu:.1f} s",
+                          file=sys.stderr, flush=True)
     reference = runs[sides[0]]
     rows = []
     for side in sides:
@@ -207,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text += f"\nTests the gated sessions re-ran to confirm a verdict: {', '.join(map(str, rerun_counts))}.\n"
     print(text)
     if args.output is not None:
-        script = f"benchmarks/real_suite_cost.py {args.suite} {args.sides}"
+        script = f"benchmarks/real_suite_cost.py {args.suite} {args.sides}{' same-core' if args.same_core else ''}"
         machine.write_section(args.output, script, text, "What measuring costs")
     return 0
 

@@ -254,3 +254,36 @@ def test_a_forked_inner_session_starts_faster_than_a_fresh_one():
                         r"forked (\d+\.\d\d) s \(x\d\.\d\d\)", completed.stdout.strip())
     assert line is not None, completed.stdout
     assert float(line[1]) > 0 and float(line[2]) > 0, completed.stdout  # which is faster is the benchmark's to say
+
+
+SPINNING_TEST = """
+import os, time
+
+def test_spins():
+    with open("affinity.txt", "w") as written:
+        written.write(" ".join(map(str, sorted(os.sched_getaffinity(0)))))
+    started = time.process_time()
+    while time.process_time() - started < 0.5:
+        pass
+"""
+
+
+@pytest.mark.linux  # sched_setaffinity, os.wait4
+def test_real_suite_sessions_at_once_are_pinned_to_their_core_and_each_gets_its_own_cpu_time(tmp_path):
+    """``benchmarks.real_suite_cost --same-core``: the sides' sessions run at once, each pinned to
+    its slot's core, and each reads its own CPU time (``os.wait4``), its test's half second included."""
+    from benchmarks.process_size import TIMING
+    from benchmarks.real_suite_cost import Slot, sessions
+
+    core = min(os.sched_getaffinity(0))
+    slots = [Slot(tmp_path / side, core) for side in ("plain", "tfmem")]
+    for slot in slots:
+        slot.directory.mkdir()
+        (slot.directory / "pytest.ini").write_text("[pytest]\n")
+        (slot.directory / "bench_timing.py").write_text(TIMING)
+        (slot.directory / "test_spin.py").write_text(SPINNING_TEST)
+    plain, measured = sessions(slots, ["test_spin.py"], [("-p", "no:tfmem"), ("--tfmem-budget=4GB",)])
+    for slot, done in zip(slots, (plain, measured)):
+        assert (slot.directory / "affinity.txt").read_text() == str(core)
+        assert len(done.timed["times"]) == 1 and done.timed["times"][0] >= 0.5
+        assert 0.5 < done.cpu < done.wall + 0.1, done
