@@ -74,19 +74,18 @@ def per_test_times(stats: pstats.Stats, tests: int) -> dict[str, float]:
     return dict(spent)
 
 
-def profile_table(tests: int, top: int, bytecode: Path | None = None) -> str:
+def profile_table(tests: int, top: int, warmed_up: bool = False) -> str:
     """The Markdown table: one profiled session of ``tests`` trivial tests, the ``top`` modules.
-    ``bytecode``: where a session run before cached the compiled modules (else one is run first)."""
+    ``warmed_up``: a session run before compiled and cached the modules (else one is run first)."""
     with tempfile.TemporaryDirectory(prefix="tfmem-per-test-profile-") as temporary:
         suite = Path(temporary) / "suite"
         suite.mkdir()
         (suite / "pytest.ini").write_text("[pytest]\n")
         (suite / "test_trivial.py").write_text(TRIVIAL_MODULE.format(count=tests))
-        environment = {**session_environment(suite, bytecode or Path(temporary) / "bytecode"),
-                       "PROFILE_LOOP_FILE": str(suite / "profile.out")}
+        environment = {**session_environment(suite), "PROFILE_LOOP_FILE": str(suite / "profile.out")}
         command = session_command(with_plugin=True)
         profiled = [*command, "-p", "benchmarks.profile_loop"]
-        for run in ([profiled] if bytecode else [command, profiled]):  # a first run caches compiled modules
+        for run in ([profiled] if warmed_up else [command, profiled]):  # a first run caches compiled modules
             subprocess.run(run, cwd=suite, env=environment, stdout=subprocess.DEVNULL, check=False)
         stats = pstats.Stats(str(suite / "profile.out"))
     spent = per_test_times(stats, tests)

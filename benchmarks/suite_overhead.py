@@ -254,36 +254,37 @@ def session_command(with_plugin: bool) -> list[str]:
             "-p", "benchmarks.gc_clock", *plugin_args]
 
 
-def session_environment(suite: Path, bytecode: Path) -> dict[str, str]:
-    """The sessions' environment. Compiled modules are cached (in ``bytecode``), as on a user's
-    machine: with ``PYTHONDONTWRITEBYTECODE`` set, each session would compile the plugin's modules
-    again (about 0.4 s here), a cost of the environment, not of measuring a test."""
+def session_environment(suite: Path) -> dict[str, str]:
+    """The sessions' environment. Compiled modules are read from and written to ``__pycache__``, as
+    on a user's machine: with ``PYTHONDONTWRITEBYTECODE`` set, each session would compile the
+    plugin's modules again (about 0.4 s here), a cost of the environment, not of measuring a test.
+    (A cache of its own, ``PYTHONPYCACHEPREFIX``, would compile TensorFlow, Keras and every module
+    they import again in the first session: 12 s of CPU here.)"""
     python_path = os.pathsep.join(filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")]))
     environment = {**SESSION_SETTINGS, **os.environ, "DRIFT_FILE": str(suite / "drift.txt"),
-                   "GC_CLOCK_FILE": str(suite / "gc.txt"), "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3",
-                   "PYTHONPYCACHEPREFIX": str(bytecode)}
+                   "GC_CLOCK_FILE": str(suite / "gc.txt"), "PYTHONPATH": python_path, "TF_CPP_MIN_LOG_LEVEL": "3"}
     environment.pop("PYTHONDONTWRITEBYTECODE", None)
     return environment
 
 
-def warm_up(root: Path, bytecode: Path) -> None:
-    """One session of a one-test TensorFlow suite with the plugin and one without, unmeasured:
-    every module the measured sessions import is compiled and cached before they run."""
+def warm_up(root: Path) -> None:
+    """One session of a one-test TensorFlow suite with the plugin, unmeasured: every module the
+    measured sessions import (those without the plugin import fewer) is compiled and cached, and
+    its files read, before they run."""
     suite = root / "warm-up"
     suite.mkdir()
     (suite / "pytest.ini").write_text("[pytest]\n")
     (suite / "test_warm_up.py").write_text(TRIVIAL_MODULE.format(count=1) + PROCESSES_MODULE.format(scripts=1, pools=1))
-    for with_plugin in (True, False):
-        subprocess.run(session_command(with_plugin), cwd=suite, env=session_environment(suite, bytecode),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(session_command(with_plugin=True), cwd=suite, env=session_environment(suite),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
-def start_session(suite: Path, with_plugin: bool, core: int, bytecode: Path) -> Started:
+def start_session(suite: Path, with_plugin: bool, core: int) -> Started:
     for name in ("drift.txt", "gc.txt"):
         (suite / name).unlink(missing_ok=True)
     with open(suite / "output.txt", "wb") as output:
         process = subprocess.Popen(
-            session_command(with_plugin), cwd=suite, env=session_environment(suite, bytecode), stdout=output,
+            session_command(with_plugin), cwd=suite, env=session_environment(suite), stdout=output,
             stderr=subprocess.STDOUT, preexec_fn=lambda: os.sched_setaffinity(0, {core}),
         )
     return Started(suite, with_plugin, core, process)
@@ -308,7 +309,7 @@ def finished_run(session: Started, status: int, usage: resource.struct_rusage) -
 
 
 def run_pairs(
-    jobs: list[str], suites: dict[int, dict[bool, dict[str, Path]]], bytecode: Path
+    jobs: list[str], suites: dict[int, dict[bool, dict[str, Path]]]
 ) -> dict[str, list[dict[bool, Run]]]:
     """Run each job (a suite's name) as a pair, without and with tfmem, on one core; as many
     pairs at once as there are cores. ``suites``: each core's copies of the suites, by side."""
@@ -323,7 +324,7 @@ def run_pairs(
                   file=sys.stderr, flush=True)
             on_core[core] = (name, {})
             for with_plugin in (False, True):
-                session = start_session(suites[core][with_plugin][name], with_plugin, core, bytecode)
+                session = start_session(suites[core][with_plugin][name], with_plugin, core)
                 sessions[session.process.pid] = session
         pid, status, usage = os.wait4(-1, 0)
         session = sessions.pop(pid)
@@ -360,13 +361,12 @@ def main(argv: list[str] | None = None) -> int:
             for core in cores
         }
         names = list(suites[cores[0]][False])
-        bytecode = Path(temporary) / "bytecode"
-        warm_up(Path(temporary), bytecode)
-        pairs = run_pairs([name for _ in range(args.repeat) for name in names], suites, bytecode)
+        warm_up(Path(temporary))
+        pairs = run_pairs([name for _ in range(args.repeat) for name in names], suites)
         if args.output:
             from benchmarks.per_test_profile import profile_table
 
-            profiled = profile_table(args.trivial_tests, 12, bytecode)
+            profiled = profile_table(args.trivial_tests, 12, warmed_up=True)
     tests = {**dict.fromkeys(KERAS_KINDS, args.keras_tests), "trivial-tf": args.trivial_tests,
              "drift": args.trivial_tests, "processes": args.keras_tests, "session-start": 1}
     rows = []

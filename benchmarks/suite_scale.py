@@ -171,9 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             for core in cores
         }
-        bytecode = root / "bytecode"
-        warm_up(root, bytecode)
-        pairs = run_pairs(jobs, suites, bytecode)
+        warm_up(root)
+        pairs = run_pairs(jobs, suites)
         journals = {
             job: next(
                 (suite[True][job] / JOURNAL).stat().st_size
