@@ -52,11 +52,12 @@ def test_a_project_with_tensorflow_cpu_gets_no_second_tensorflow_and_each_failur
     venv.create(environment, with_pip=True)
     python = environment / "bin" / "python"
     tensorflow = metadata.version("tensorflow")  # the version this suite runs, as its CPU-only wheel
-    done = run(python, "-m", "pip", "install", "--quiet", f"tensorflow-cpu=={tensorflow}", cwd=tmp_path)
+    # --no-compile: no byte code written for TensorFlow's thousands of modules (CPU time, not what is installed)
+    done = run(python, "-m", "pip", "install", "--quiet", "--no-compile", f"tensorflow-cpu=={tensorflow}", cwd=tmp_path)
     if done.returncode != 0:
         pytest.skip(f"tensorflow-cpu {tensorflow} cannot be installed here: {done.stderr[-500:]}")
     words = readme_install_line()
-    done = run(python, "-m", "pip", "install", "--quiet", *words, cwd=tmp_path)
+    done = run(python, "-m", "pip", "install", "--quiet", "--no-compile", *words, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     listed = json.loads(run(python, "-m", "pip", "list", "--format=json", cwd=tmp_path).stdout)
     names = {package["name"].lower().replace("_", "-") for package in listed}  # pip may list tensorflow_cpu

@@ -71,7 +71,8 @@ def test_tensorflow_view_carries_the_figure_when_rss_cannot_see_it(pytester, run
 
 def test_a_missing_tensorflow_cpu_view_is_said_with_how_to_turn_it_on(pytester, monkeypatch):
     """With oneDNN off (the default on some AMD EPYC CPUs, here forced), TensorFlow's CPU allocator
-    keeps no statistics: the session says so once, after collection, or at the end under -n 2."""
+    keeps no statistics: the session says so once, after collection, or at the end under
+    pytest-xdist (one worker: each imports TensorFlow for the module)."""
     pytester.makepyfile("import tensorflow as tf\n\ndef test_sum():\n    assert float(tf.reduce_sum(tf.ones(4))) == 4\n")
     said = "*no TF CPU allocator view: TensorFlow's CPU allocator keeps no statistics here (TF_ENABLE_ONEDNN_OPTS is off)*TF_ENABLE_ONEDNN_OPTS=1*"
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -79,7 +80,7 @@ def test_a_missing_tensorflow_cpu_view_is_said_with_how_to_turn_it_on(pytester, 
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["collected 1 item", f"tfmem: {said}"])
     assert result.stdout.str().count("no TF CPU allocator view") == 1
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", "-n", "2")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--tfmem-budget=1GB", "-n", "1")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"tfmem: on the workers: {said}"])
 
