@@ -90,8 +90,10 @@ def pytest_configure(config: pytest.Config) -> None:
     rewrites its test file within a second at the same size would load a stale cached copy; they
     read the cache that this one session writes (pytest reads a cached rewrite even when it may not
     write one).
-    The controller alone does it under pytest-xdist.
+    The controller alone does it under pytest-xdist. Each process keeps the forking processes of
+    the environment set up above the longest (``forked_sessions.Zygotes.keep_home``).
     """
+    forked_sessions.ZYGOTES.keep_home(os.environ)
     if hasattr(config, "workerinput"):
         return
     environment = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}

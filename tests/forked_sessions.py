@@ -130,10 +130,17 @@ class Zygote:
 
 
 class Zygotes:
-    """This process's forking processes, one per kind and environment read at import, the last used kept."""
+    """This process's forking processes, one per kind and environment read at import, the last used
+    kept; those of the suite's own environment (``keep_home``) are the last to go: a test with
+    settings of its own (a backend, a TensorFlow variable) would otherwise end the forking process
+    that most tests use, and the next of them would import its framework again (5 s here)."""
 
     def __init__(self) -> None:
         self._zygotes: list[Zygote] = []
+        self._home: dict[str, str] | None = None
+
+    def keep_home(self, environment: Mapping[str, str]) -> None:
+        self._home = read_at_start(environment)
 
     def serving(self, environment: Mapping[str, str], framework: bool) -> Zygote:
         """A forking process whose sessions start as a fresh one in ``environment`` would,
@@ -145,7 +152,9 @@ class Zygotes:
         else:
             zygote = Zygote(environment, framework)
             if len(self._zygotes) == KEPT_ZYGOTES:
-                self._zygotes.pop(0).close()
+                away = [z for z in self._zygotes if read_at_start(z.environment) != self._home] or self._zygotes
+                self._zygotes.remove(away[0])  # the least recently used
+                away[0].close()
         self._zygotes.append(zygote)
         return zygote
 
