@@ -287,3 +287,34 @@ def test_real_suite_sessions_at_once_are_pinned_to_their_core_and_each_gets_its_
         assert (slot.directory / "affinity.txt").read_text() == str(core)
         assert len(done.timed["times"]) == 1 and done.timed["times"][0] >= 0.5
         assert 0.5 < done.cpu < done.wall + 0.1, done
+
+
+SPENDING = """
+import subprocess
+import sys
+
+
+def test_starts_a_busy_process():
+    subprocess.run([sys.executable, "-c", "sum(range(3 * 10**7))"], check=True)
+
+
+def test_idles():
+    pass
+"""
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one process", "xdist"])
+def test_suite_cpu_counts_what_a_tests_processes_spent_and_the_controller_sums_the_workers(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: list[str]
+):
+    monkeypatch.setenv("PYTHONPATH", str(REPOSITORY))
+    pytester.makepyfile(test_spending=SPENDING)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "benchmarks.suite_cpu", *workers)
+    result.assert_outcomes(passed=2)
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if "suite CPU: where the tests' CPU time went" in line)
+    assert re.fullmatch(r"2 tests: \d+\.\d s of CPU time in \d+\.\d s \(\d+\.\d\d cores busy\)", lines[start + 1]), lines[start + 1]
+    tests = lines[lines.index("the 20 tests that took the most (CPU s, wall s, test):", start) + 1:][:2]
+    (busy, busy_wall, busy_name), (idle, _, idle_name) = (line.split() for line in tests)
+    assert (busy_name, idle_name) == ("test_spending.py::test_starts_a_busy_process", "test_spending.py::test_idles")
+    assert float(busy) >= 0.3 > float(idle), tests  # the child's counting, read once it was waited for
