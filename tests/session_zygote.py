@@ -81,6 +81,16 @@ def _load_file_pages() -> ModuleType:
 FilePages = _load_file_pages().FilePages
 
 
+def _as_at_start(path: list[str]) -> None:
+    """pytest-xdist hands its workers the ``sys.path`` it copied when its plugin was imported, as
+    an interpreter starts (``xdist.plugin._sys_path``, bound in ``xdist.workermanage`` too): here
+    that was this process's, whose ``PYTHONPATH`` may not be the session's."""
+    for name in ("xdist.plugin", "xdist.workermanage"):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "_sys_path"):
+            module._sys_path = list(path)
+
+
 def run_session(request: dict, resident: FilePages) -> None:
     """In the forked child: become ``python -m pytest <argv>`` and exit with its status."""
     code = 1
@@ -97,6 +107,7 @@ def run_session(request: dict, resident: FilePages) -> None:
         os.environ.update(request["env"])
         python_path = [entry for entry in request["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
         sys.path[:] = [request["cwd"], *python_path, *INSTALLED_PATH]
+        _as_at_start(sys.path)
         sys.argv = [PYTEST_MAIN, *request["argv"]]
         code = int(pytest.console_main())
     except SystemExit as exit:
