@@ -78,8 +78,9 @@ class SuiteCpu:
         files: collections.Counter[str] = collections.Counter()
         counts: collections.Counter[str] = collections.Counter()
         for nodeid, cpu, _ in self.rows:
-            files[nodeid.split("::")[0]] += cpu
-            counts[nodeid.split("::")[0]] += 1
+            path = nodeid.split("::")[0]
+            files[path] += cpu
+            counts[path] += 1
         write = terminalreporter.write_line
         terminalreporter.write_sep("=", "suite CPU: where the tests' CPU time went")
         write(f"{len(self.rows)} tests: {total:.1f} s of CPU time in {wall:.1f} s ({total / wall:.2f} cores busy)")
