@@ -51,9 +51,14 @@ def forkable(environment: Mapping[str, str]) -> bool:
 
 
 def read_at_start(environment: Mapping[str, str]) -> dict[str, str]:
-    return {
+    """The variables of ``environment`` that a session reads as it starts; ``KERAS_BACKEND`` unset is
+    Keras's default, TensorFlow, as ``session_zygote.py`` takes it (the suite's ``KERAS_HOME`` holds no
+    ``keras.json`` naming another), so a test that names it explicitly shares the suite's forking process."""
+    values = {
         name: value for name, value in environment.items() if name.startswith(READ_AT_START) and name != "PYTHONPATH"
     }
+    values.setdefault("KERAS_BACKEND", "tensorflow")
+    return values
 
 
 class Zygote:

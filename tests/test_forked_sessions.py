@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import forked_sessions
 import pytest
 
 IMPORTS_THE_HELPER = """
@@ -26,3 +27,14 @@ def test_a_forked_sessions_xdist_workers_get_its_python_path_not_the_forking_pro
     pytester.makepyfile(test_imports=IMPORTS_THE_HELPER)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_imports.py")
     result.assert_outcomes(passed=1)
+
+
+def test_a_session_naming_kerass_default_backend_shares_the_suites_forking_process():
+    """``KERAS_BACKEND`` unset and ``KERAS_BACKEND=tensorflow`` start alike; another backend or a
+    TensorFlow variable read at import does not."""
+    suite = {"TF_ENABLE_ONEDNN_OPTS": "1", "HOME": "/root"}
+    zygote = forked_sessions.Zygote(suite, framework=True)
+    assert zygote.serves({**suite, "KERAS_BACKEND": "tensorflow", "GIT_AUTHOR_NAME": "ci"}, framework=True)
+    assert not zygote.serves({**suite, "KERAS_BACKEND": "jax"}, framework=True)
+    assert not zygote.serves({**suite, "TF_CPP_MIN_LOG_LEVEL": "3"}, framework=True)
+    assert not zygote.serves(suite, framework=False)
