@@ -14,7 +14,7 @@ import mapped_step
 import numpy as np
 import pytest
 
-from pytest_tfmem import BatchSizeReport, Monitor, find_max_batch_size
+from pytest_tfmem import BatchSizeReport, Monitor, find_max_batch_size, platforms
 
 MiB = 2**20
 _pool: list[np.ndarray] = []
@@ -115,6 +115,21 @@ def test_a_trial_killed_by_the_kernel_is_named_and_does_not_fit():
     report = find_max_batch_size(killed_above_10, "1GB", low=1, high=32)
     assert report.batch_size == 10, str(report)
     assert any(trial.outcome == "died: trial process killed by SIGKILL (out of memory?)" for trial in report.trials)
+
+
+def test_where_the_trial_server_cannot_fork_each_trial_is_a_fresh_interpreter():
+    """The server says why it will not fork (here the portable platform, as on Windows): each trial
+    is spawned, and the search finds what the forked trials find."""
+    before = platforms.select("portable")  # this process and the processes it starts
+    try:
+        report = find_max_batch_size(memory_error_above_20, "1GB", low=16, high=24)
+    finally:
+        platforms.restore(before)
+    assert report.processes == (
+        "a fresh interpreter each (the portable platform starts every process by spawning a fresh interpreter)"
+    ), str(report)
+    assert report.batch_size == 20, str(report)
+    assert {trial.batch_size: trial.fits for trial in report.trials}[21] is False, str(report)
 
 
 def test_a_step_failing_for_another_reason_is_an_error_not_a_limit():
