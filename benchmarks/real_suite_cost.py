@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from benchmarks import machine
+from benchmarks import machine, pinned
 from benchmarks.flat_history import GATE, commit, git
 from benchmarks.order_spread import KERAS_OWN, KERAS_TESTS
 from benchmarks.process_size import TIMING, WORKLOAD
@@ -113,7 +113,7 @@ def prepare(directory: Path, suite: str, tf_keras: Path | None) -> list[str]:
 
 class Session(NamedTuple):
     wall: float  # seconds
-    cpu: float  # seconds of user and system time, the session's process and its children (``os.wait4``)
+    cpu: float  # seconds of user and system time, the session's process and its children (``pinned.wait_any``)
     timed: dict  # the plugin's per-test times and last RSS
 
 
@@ -136,23 +136,20 @@ def sessions(slots: Sequence[Slot], targets: Sequence[str], options: Sequence[Se
                    "bench_timing", *chosen, *targets]
         environment = {**os.environ, **ENVIRONMENT, "TFMEM_BENCH_TIMES": str(out), "PYTHONPATH": os.pathsep.join(
             filter(None, [str(slot.directory), os.environ.get("PYTHONPATH")]))}
-        core = slot.core
         with open(slot.directory / "output.txt", "wb") as output:
-            process = subprocess.Popen(
-                command, cwd=slot.directory, env=environment, stdout=output, stderr=subprocess.STDOUT,
-                preexec_fn=None if core is None else lambda core=core: os.sched_setaffinity(0, {core}),
-            )
+            process = pinned.popen(command, slot.core, cwd=slot.directory, env=environment, stdout=output,
+                                   stderr=subprocess.STDOUT)
         started[process.pid] = (index, time.perf_counter())
     done: dict[int, Session] = {}
     while started:
-        pid, _, usage = os.wait4(-1, 0)
-        if pid not in started:
+        ended = pinned.wait_any()
+        if ended.pid not in started:
             continue
-        index, began = started.pop(pid)
+        index, began = started.pop(ended.pid)
         directory = slots[index].directory
         if not (directory / "times.json").exists():
             raise RuntimeError(f"the session wrote no times:\n{(directory / 'output.txt').read_text()[-3000:]}")
-        done[index] = Session(time.perf_counter() - began, usage.ru_utime + usage.ru_stime,
+        done[index] = Session(time.perf_counter() - began, ended.cpu_s,
                               json.loads((directory / "times.json").read_text()))
     return [done[index] for index in range(len(slots))]
 

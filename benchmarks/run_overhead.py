@@ -33,6 +33,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import pinned  # noqa: E402
+
 REPOSITORY = Path(__file__).resolve().parent.parent
 for _variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
@@ -79,8 +84,8 @@ def start(script: Path, args: list[str], with_tfmem: bool, core: int, report: Pa
         tfmem += ["--report", str(report)]
     tfmem += options
     command = [*(tfmem if with_tfmem else [sys.executable]), str(script), *args]
-    return subprocess.Popen(command, cwd=script.parent, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    return pinned.popen(command, core, cwd=script.parent, env=environment, stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL)
 
 
 def cpu_pair(script: Path, args: list[str], core: int, options: tuple[str, ...] = ()) -> tuple[float, float]:
@@ -88,11 +93,12 @@ def cpu_pair(script: Path, args: list[str], core: int, options: tuple[str, ...] 
     started = {start(script, args, with_tfmem, core, options=options).pid: with_tfmem for with_tfmem in (False, True)}
     seconds: dict[bool, float] = {}
     while started:
-        pid, status, usage = os.wait4(-1, 0)
-        with_tfmem = started.pop(pid)
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise RuntimeError(f"{script.name} {'with' if with_tfmem else 'without'} tfmem run failed ({status})")
-        seconds[with_tfmem] = usage.ru_utime + usage.ru_stime
+        ended = pinned.wait_any()
+        with_tfmem = started.pop(ended.pid)
+        if ended.exit_code != 0:
+            side = "with" if with_tfmem else "without"
+            raise RuntimeError(f"{script.name} {side} tfmem run failed ({ended.exit_code})")
+        seconds[with_tfmem] = ended.cpu_s
     return seconds[False], seconds[True]
 
 

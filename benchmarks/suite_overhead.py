@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make ``pytest_tfmem`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import machine
+from benchmarks import machine, pinned
 from pytest_tfmem.files import write_text_atomic
 
 # TensorFlow's pooling CPU allocator (oneDNN) is its default on some x86 CPUs and not on others
@@ -283,17 +282,15 @@ def start_session(suite: Path, with_plugin: bool, core: int) -> Started:
     for name in ("drift.txt", "gc.txt"):
         (suite / name).unlink(missing_ok=True)
     with open(suite / "output.txt", "wb") as output:
-        process = subprocess.Popen(
-            session_command(with_plugin), cwd=suite, env=session_environment(suite), stdout=output,
-            stderr=subprocess.STDOUT, preexec_fn=lambda: os.sched_setaffinity(0, {core}),
-        )
+        process = pinned.popen(session_command(with_plugin), core, cwd=suite, env=session_environment(suite),
+                               stdout=output, stderr=subprocess.STDOUT)
     return Started(suite, with_plugin, core, process)
 
 
-def finished_run(session: Started, status: int, usage: resource.struct_rusage) -> Run:
-    """A session's CPU time (``os.wait4``: its own and its children's), largest size, GC time,
-    test loop's CPU time and drift readings."""
-    session.process.returncode = os.waitstatus_to_exitcode(status)
+def finished_run(session: Started, ended: pinned.Ended) -> Run:
+    """A session's CPU time (its own and its children's), largest size, GC time, test loop's CPU
+    time and drift readings."""
+    session.process.returncode = ended.exit_code
     if session.process.returncode != 0:
         how = "with" if session.with_plugin else "without"
         output = (session.suite / "output.txt").read_text()
@@ -304,8 +301,7 @@ def finished_run(session: Started, status: int, usage: resource.struct_rusage) -
             index, mib = line.split()
             drift[int(index)] = float(mib)
     gc_s, loop_s, loop_tests, loop_gc_s = (session.suite / "gc.txt").read_text().split()
-    return Run(usage.ru_utime + usage.ru_stime, float(gc_s), drift, usage.ru_maxrss * 1024,  # KiB on Linux
-               float(loop_s), int(loop_tests), float(loop_gc_s))
+    return Run(ended.cpu_s, float(gc_s), drift, ended.peak_bytes, float(loop_s), int(loop_tests), float(loop_gc_s))
 
 
 def run_pairs(
@@ -326,10 +322,10 @@ def run_pairs(
             for with_plugin in (False, True):
                 session = start_session(suites[core][with_plugin][name], with_plugin, core)
                 sessions[session.process.pid] = session
-        pid, status, usage = os.wait4(-1, 0)
-        session = sessions.pop(pid)
+        ended = pinned.wait_any()
+        session = sessions.pop(ended.pid)
         name, runs = on_core[session.core]
-        runs[session.with_plugin] = finished_run(session, status, usage)
+        runs[session.with_plugin] = finished_run(session, ended)
         if len(runs) == 2:
             pairs.setdefault(name, []).append(runs)
             del on_core[session.core]
