@@ -33,12 +33,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+REPOSITORY = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(REPOSITORY))
 
 from benchmarks import pinned  # noqa: E402
 
-REPOSITORY = Path(__file__).resolve().parent.parent
 for _variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_variable, "1")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
